@@ -1,0 +1,1 @@
+"""Endpoint pools per tier: discovery, health, load signals, routing, and vLLM launch."""

@@ -1,0 +1,176 @@
+"""A tier's pool of endpoints: static and DNS-discovered members, health checks, choice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+
+from tiergate.backends.endpoint import Endpoint
+from tiergate.backends.loadstats import parse_load_signals
+from tiergate.backends.routing import LoadAwareRouter, PrefixAffinity
+from tiergate.settings import HealthSettings, PoolSettings, RoutingSettings
+from tiergate.tiers import Tier
+
+log = logging.getLogger("tiergate.pool")
+
+
+class TierPool:
+    """The endpoints serving one tier, kept fresh by background health and discovery tasks."""
+
+    def __init__(
+        self,
+        tier: Tier,
+        settings: PoolSettings,
+        health: HealthSettings,
+        routing: RoutingSettings,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        self.tier = tier
+        self._settings = settings
+        self._health = health
+        self._session = session
+        self.router = LoadAwareRouter(
+            PrefixAffinity(routing.affinity_max_entries), routing.affinity_load_slack
+        )
+        self.endpoints: dict[str, Endpoint] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        for url in settings.endpoints:
+            self._add(url, from_discovery=False)
+
+    def _add(self, url: str, *, from_discovery: bool) -> None:
+        if url not in self.endpoints:
+            self.endpoints[url] = Endpoint(
+                url=url,
+                tier=self.tier,
+                eject_after_failures=self._health.eject_after_failures,
+                cooldown_seconds=self._health.cooldown_seconds,
+                from_discovery=from_discovery,
+            )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Run one discovery and health round, then keep them running in the background."""
+        if self._settings.dns is not None:
+            await self.refresh_dns()
+            self._tasks.append(asyncio.create_task(self._dns_loop()))
+        await self.check_all()
+        self._tasks.append(asyncio.create_task(self._health_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    # -- choice ----------------------------------------------------------------------------
+
+    def candidates(self, model: str, exclude: Iterable[str] = ()) -> list[Endpoint]:
+        now = time.monotonic()
+        skip = set(exclude)
+        return [
+            ep
+            for ep in self.endpoints.values()
+            if ep.url not in skip and ep.available(now) and ep.serves(model)
+        ]
+
+    def choose(self, model: str, prefix_key: int | None, exclude: Iterable[str] = ()) -> (
+        Endpoint | None
+    ):
+        found = self.candidates(model, exclude)
+        return self.router.choose(found, prefix_key) if found else None
+
+    def has_available(self) -> bool:
+        now = time.monotonic()
+        return any(ep.available(now) for ep in self.endpoints.values())
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        cards: dict[str, dict[str, Any]] = {}
+        for ep in self.endpoints.values():
+            cards.update(ep.models)
+        return cards
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    async def refresh_dns(self) -> None:
+        dns = self._settings.dns
+        assert dns is not None
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(dns.name, dns.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            # Keep the last known members: a DNS blip must not empty a healthy pool.
+            log.warning("dns discovery failed for %s: %s", dns.name, exc)
+            return
+        found = set()
+        for _family, _type, _proto, _canon, addr in infos:
+            host = str(addr[0])
+            host = f"[{host}]" if ":" in host else host
+            found.add(f"{dns.scheme}://{host}:{dns.port}")
+        for url in found:
+            self._add(url, from_discovery=True)
+        for url in [u for u, ep in self.endpoints.items() if ep.from_discovery and u not in found]:
+            del self.endpoints[url]
+            self.router.affinity.forget(url)
+
+    async def _dns_loop(self) -> None:
+        assert self._settings.dns is not None
+        while True:
+            await asyncio.sleep(self._settings.dns.refresh_seconds)
+            await self.refresh_dns()
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health.interval_seconds)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(ep) for ep in list(self.endpoints.values())))
+
+    async def check(self, ep: Endpoint) -> None:
+        """Active check: ``/health`` decides health; ``/metrics`` and ``/v1/models`` refresh
+        the load signals and the model list when the endpoint answers."""
+        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
+        was_healthy = ep.healthy
+        try:
+            async with self._session.get(f"{ep.url}/health", timeout=timeout) as resp:
+                ep.healthy = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ep.healthy = False
+        if ep.healthy:
+            await asyncio.gather(self._scrape_load(ep, timeout), self._fetch_models(ep, timeout))
+        if was_healthy != ep.healthy:
+            log.warning(
+                "endpoint %s (%s) is now %s",
+                ep.url,
+                self.tier.value,
+                "healthy" if ep.healthy else "unhealthy",
+            )
+
+    async def _scrape_load(self, ep: Endpoint, timeout: aiohttp.ClientTimeout) -> None:
+        try:
+            async with self._session.get(f"{ep.url}/metrics", timeout=timeout) as resp:
+                if resp.status == 200:
+                    ep.load = parse_load_signals(await resp.text())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            log.debug("metrics scrape of %s failed: %s", ep.url, exc)
+
+    async def _fetch_models(self, ep: Endpoint, timeout: aiohttp.ClientTimeout) -> None:
+        try:
+            async with self._session.get(f"{ep.url}/v1/models", timeout=timeout) as resp:
+                if resp.status == 200:
+                    body = await resp.json()
+                    ep.models = {m["id"]: m for m in body.get("data", []) if "id" in m}
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
+            log.debug("model list of %s failed: %s", ep.url, exc)

@@ -1,0 +1,1 @@
+"""The HTTP face: OpenAI endpoints, tier selection, retries and fallback, metrics."""

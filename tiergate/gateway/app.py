@@ -1,0 +1,169 @@
+"""The gateway application: collaborators built in the lifespan, thin routes over them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from tiergate import __version__
+from tiergate.backends.pool import TierPool
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.settings import Settings
+from tiergate.tiers import Tier
+
+log = logging.getLogger("tiergate.gateway")
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """Everything a route may use; built once per app in the lifespan."""
+
+    settings: Settings
+    session: aiohttp.ClientSession
+    pools: dict[Tier, TierPool]
+    metrics: GatewayMetrics
+    proxy: CompletionsProxy
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the gateway for a settings tree; nothing starts until the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, keepalive_timeout=30)
+        session = aiohttp.ClientSession(
+            connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
+        )
+        pools = {
+            tier: TierPool(tier, settings.tiers[tier], settings.health, settings.routing, session)
+            for tier in Tier
+        }
+        metrics = GatewayMetrics(pools)
+        app.state.gateway = GatewayState(
+            settings, session, pools, metrics, CompletionsProxy(settings, pools, session, metrics)
+        )
+        for pool in pools.values():
+            await pool.start()
+        log.info(
+            "gateway ready",
+            extra={"fields": {tier.value: list(pool.endpoints) for tier, pool in pools.items()}},
+        )
+        try:
+            yield
+        finally:
+            for pool in pools.values():
+                await pool.stop()
+            await session.close()
+
+    app = FastAPI(
+        title="tiergate",
+        version=__version__,
+        description="OpenAI-compatible gateway over a standard and a fast tier of vLLM.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+        return exc.to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return OpenAIError(exc.status_code, str(exc.detail), code=code).to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return OpenAIError(400, str(first.get("msg", "invalid request")), param=param).to_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return OpenAIError(500, "Internal gateway error.", code="internal_error").to_response()
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions; ``service_tier`` or ``X-Tiergate-Tier`` picks the tier."""
+        return await _state(request).proxy.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions", tags=["openai"])
+    async def completions(request: Request) -> Response:
+        """OpenAI (legacy) completions; the tier is chosen as for chat."""
+        return await _state(request).proxy.handle(request, "/v1/completions")
+
+    @app.get("/v1/models", tags=["openai"])
+    async def list_models(request: Request) -> Response:
+        """Models served by any tier, each with the tiers that serve it."""
+        return _json({"object": "list", "data": _model_cards(_state(request))})
+
+    @app.get("/v1/models/{model_id:path}", tags=["openai"])
+    async def get_model(model_id: str, request: Request) -> Response:
+        for card in _model_cards(_state(request)):
+            if card["id"] == model_id:
+                return _json(card)
+        raise OpenAIError(
+            404, f"The model {model_id!r} does not exist.", param="model", code="model_not_found"
+        )
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Response:
+        """Liveness: the process answers."""
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz(request: Request) -> Response:
+        """Readiness: every tier has a healthy endpoint, or can fall back to one that has."""
+        state = _state(request)
+        tiers = {tier.value: pool.has_available() for tier, pool in state.pools.items()}
+        fallback = state.settings.policy.fallback
+        ready = all(ok or (fallback and tiers[Tier(t).other.value]) for t, ok in tiers.items())
+        return _json({"ready": ready, "tiers": tiers}, 200 if ready else 503)
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics(request: Request) -> Response:
+        registry = _state(request).metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _model_cards(state: GatewayState) -> list[dict[str, Any]]:
+    cards: dict[str, dict[str, Any]] = {}
+    for tier, pool in state.pools.items():
+        for name, card in pool.models().items():
+            merged = cards.setdefault(
+                name,
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": card.get("created", 0),
+                    "owned_by": "tiergate",
+                    "max_model_len": card.get("max_model_len"),
+                    "tiers": [],
+                },
+            )
+            merged["tiers"].append(tier.value)
+    return sorted(cards.values(), key=lambda c: str(c["id"]))

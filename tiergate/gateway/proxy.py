@@ -1,0 +1,348 @@
+"""The completions handler: inspect, choose a tier, open upstream, answer or relay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from tiergate.backends.pool import TierPool
+from tiergate.gateway.errors import OpenAIError, from_upstream
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.selection import (
+    TIER_HEADER,
+    InspectedRequest,
+    inspect,
+    upstream_body,
+)
+from tiergate.gateway.streaming import EventStreamResponse, StreamOutcome, relay_events
+from tiergate.gateway.upstream import Opened, UpstreamCaller
+from tiergate.settings import Settings
+from tiergate.tiers import Tier
+
+log = logging.getLogger("tiergate.access")
+
+T = TypeVar("T")
+
+OVERHEAD_HEADER = "x-tiergate-overhead-ms"
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Timing:
+    started: float
+    upstream_started: float = 0.0
+
+    def gateway_ms(self) -> float:
+        return (self.upstream_started - self.started) * 1000.0
+
+
+class CompletionsProxy:
+    """Serves ``/v1/chat/completions`` and ``/v1/completions`` over the tier pools."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pools: dict[Tier, TierPool],
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._settings = settings
+        self._pools = pools
+        self._metrics = metrics
+        self._caller = UpstreamCaller(
+            pools, session, settings.timeouts, settings.policy, metrics
+        )
+
+    def known_models(self) -> set[str]:
+        names: set[str] = set()
+        for pool in self._pools.values():
+            names.update(pool.models())
+        return names
+
+    async def handle(self, request: Request, path: str) -> Response:
+        timing = _Timing(started=time.perf_counter())
+        request_id = request.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
+        base_headers = {"x-request-id": request_id}
+        fields: dict[str, Any] = {"request_id": request_id, "path": path}
+        try:
+            raw = await self._read_body(request)
+            req = inspect(
+                raw,
+                request.headers.get(TIER_HEADER),
+                self._settings.policy.auto_tier,
+                self._settings.routing.prefix_chars,
+            )
+            fields.update(model=req.model, stream=req.stream, tier_requested=req.choice.tier.value,
+                          tier_reason=req.choice.reason)
+            self._check_model(req.model)
+            body = upstream_body(req)
+            timing.upstream_started = time.perf_counter()
+            opened = await self._race_disconnect(
+                request, self._caller.open(req, path, body, request_id)
+            )
+        except OpenAIError as err:
+            return self._refuse(err, base_headers, fields, timing, path)
+        except (_ClientGone, ClientDisconnect):
+            self._metrics.client_disconnects.labels("none").inc()
+            return Response(status_code=499)
+        headers = {
+            **base_headers,
+            "x-tiergate-tier": opened.tier.value,
+            "x-tiergate-tier-reason": "fallback" if opened.fallback else req.choice.reason,
+            OVERHEAD_HEADER: f"{timing.gateway_ms():.3f}",
+        }
+        if opened.fallback:
+            headers["x-tiergate-fallback"] = "true"
+        fields.update(tier=opened.tier.value, endpoint=opened.endpoint.url,
+                      attempts=opened.attempts, fallback=opened.fallback)
+        if opened.response.status != 200:
+            return await self._upstream_error(opened, headers, fields, timing, path, req)
+        if req.stream:
+            return self._stream(opened, req, headers, fields, timing, path)
+        return await self._complete(request, opened, req, headers, fields, timing, path)
+
+    # -- non-streaming ---------------------------------------------------------------------
+
+    async def _complete(
+        self,
+        request: Request,
+        opened: Opened,
+        req: InspectedRequest,
+        headers: dict[str, str],
+        fields: dict[str, Any],
+        timing: _Timing,
+        path: str,
+    ) -> Response:
+        tier = opened.tier
+        try:
+            raw = await self._race_disconnect(request, opened.response.read())
+        except (_ClientGone, ClientDisconnect):
+            opened.release()
+            self._metrics.client_disconnects.labels(tier.value).inc()
+            self._finish(fields, timing, path, tier, req.model, 499, overhead=None)
+            return Response(status_code=499)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            opened.release()
+            opened.endpoint.record_failure()
+            err = OpenAIError(
+                504 if isinstance(exc, TimeoutError) else 502,
+                f"The {tier.value} tier failed while answering ({type(exc).__name__}).",
+                code="upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error",
+            )
+            return self._refuse(err, headers, fields, timing, path, tier)
+        opened.release()
+        received = time.perf_counter()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            data["service_tier"] = tier.openai_name
+            usage = data.get("usage")
+            if isinstance(usage, dict):
+                self._count_tokens(tier, req.model, usage)
+            raw = orjson.dumps(data)
+        overhead = timing.gateway_ms() / 1000.0 + (time.perf_counter() - received)
+        headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
+        self._finish(fields, timing, path, tier, req.model, 200, overhead=overhead)
+        return Response(raw, media_type="application/json", headers=headers)
+
+    # -- streaming -------------------------------------------------------------------------
+
+    def _stream(
+        self,
+        opened: Opened,
+        req: InspectedRequest,
+        headers: dict[str, str],
+        fields: dict[str, Any],
+        timing: _Timing,
+        path: str,
+    ) -> Response:
+        tier = opened.tier
+        outcome = StreamOutcome()
+        finished = False
+
+        def finish(result: StreamOutcome) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            opened.release()
+            if result.error is not None:
+                self._metrics.stream_errors.labels(tier.value, result.error).inc()
+                fields["stream_error"] = result.error
+            elif not result.completed:
+                result.cancelled = True
+                self._metrics.client_disconnects.labels(tier.value).inc()
+            end = time.perf_counter()
+            if result.usage:
+                self._count_tokens(tier, req.model, result.usage)
+            if result.first_token_at is not None:
+                ttft = result.first_token_at - timing.started
+                self._metrics.ttft.labels(tier.value).observe(ttft)
+                fields["ttft_ms"] = round(ttft * 1000.0, 3)
+                out_tokens = int((result.usage or {}).get("completion_tokens") or 0)
+                if out_tokens > 1:
+                    tpot = (end - result.first_token_at) / (out_tokens - 1)
+                    self._metrics.tpot.labels(tier.value).observe(tpot)
+                    fields["tpot_ms"] = round(tpot * 1000.0, 3)
+            status = 499 if result.cancelled else 200
+            overhead = timing.gateway_ms() / 1000.0 + result.processing_seconds
+            self._finish(fields, timing, path, tier, req.model, status, overhead=overhead,
+                         stream=True)
+
+        body = relay_events(
+            opened,
+            tier.openai_name,
+            req.wants_usage,
+            self._settings.timeouts.between_chunks_seconds,
+            outcome,
+            finish,
+        )
+        headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+        return EventStreamResponse(body, cleanup=lambda: finish(outcome), headers=headers)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self._settings.gateway.max_body_bytes
+        too_large = OpenAIError(
+            413, f"The request body exceeds {limit} bytes.", code="request_too_large"
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check_model(self, model: str) -> None:
+        known = self.known_models()
+        if model in known:
+            return
+        if not known:
+            raise OpenAIError(
+                503,
+                "No tier has reported its models yet; the backends may still be starting.",
+                code="backend_unavailable",
+                headers={"retry-after": "2"},
+            )
+        raise OpenAIError(
+            404,
+            f"The model {model!r} does not exist; available: {', '.join(sorted(known))}.",
+            param="model",
+            code="model_not_found",
+        )
+
+    async def _race_disconnect(self, request: Request, work: Awaitable[T]) -> T:
+        """Await ``work`` unless the client disconnects first; then cancel it, which closes
+        the upstream connection and makes vLLM abort the request."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            opened = await task
+            if isinstance(opened, Opened):
+                opened.release()
+        raise _ClientGone
+
+    async def _upstream_error(
+        self,
+        opened: Opened,
+        headers: dict[str, str],
+        fields: dict[str, Any],
+        timing: _Timing,
+        path: str,
+        req: InspectedRequest,
+    ) -> Response:
+        try:
+            raw = await opened.response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            raw = b""
+        finally:
+            opened.release()
+        err = from_upstream(opened.response.status, raw)
+        return self._refuse(err, headers, fields, timing, path, opened.tier, req.model)
+
+    def _refuse(
+        self,
+        err: OpenAIError,
+        headers: dict[str, str],
+        fields: dict[str, Any],
+        timing: _Timing,
+        path: str,
+        tier: Tier | None = None,
+        model: str | None = None,
+    ) -> Response:
+        fields["error"] = err.code or err.type
+        self._finish(fields, timing, path, tier, model or fields.get("model"), err.status,
+                     overhead=None)
+        return err.to_response(headers)
+
+    def _count_tokens(self, tier: Tier, model: str, usage: dict[str, Any]) -> None:
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self._metrics.prompt_tokens.labels(tier.value, model).inc(prompt)
+        if isinstance(completion, int):
+            self._metrics.completion_tokens.labels(tier.value, model).inc(completion)
+
+    def _finish(
+        self,
+        fields: dict[str, Any],
+        timing: _Timing,
+        path: str,
+        tier: Tier | None,
+        model: str | None,
+        status: int,
+        *,
+        overhead: float | None,
+        stream: bool = False,
+    ) -> None:
+        elapsed = time.perf_counter() - timing.started
+        tier_label = tier.value if tier is not None else "none"
+        # Only validated model names become label values, so the label set stays bounded.
+        model_label = model if model is not None and model in self.known_models() else "unknown"
+        self._metrics.requests.labels(tier_label, model_label, path, str(status)).inc()
+        if tier is not None and status < 400:
+            self._metrics.latency.labels(tier_label).observe(elapsed)
+        if overhead is not None:
+            self._metrics.overhead.labels("true" if stream else "false").observe(overhead)
+            fields["overhead_ms"] = round(overhead * 1000.0, 3)
+        if self._settings.gateway.log_requests:
+            fields.update(status=status, latency_ms=round(elapsed * 1000.0, 3))
+            log.info("request", extra={"fields": fields})
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,163 @@
+"""Relaying vLLM's Server-Sent Events to the client, chunk by chunk.
+
+After the first byte has gone out the tier can no longer change: an upstream that breaks,
+stalls or ends without ``[DONE]`` becomes one error event in OpenAI's envelope, and is
+counted. A client that goes away cancels the relay, which closes the upstream connection,
+which makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tiergate.gateway.errors import from_upstream, sse_error_event
+from tiergate.gateway.upstream import Opened
+
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class StreamOutcome:
+    """What a finished relay observed, for metrics and the log line."""
+
+    first_token_at: float | None = None
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    completed: bool = False
+    cancelled: bool = False
+    processing_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _EventRewriter:
+    """Rewrites one ``data:`` event: echoes the served tier, hides usage the client did
+    not ask for (the gateway always asks, to count tokens)."""
+
+    def __init__(self, served_tier: str, wants_usage: bool, outcome: StreamOutcome) -> None:
+        self._tier = served_tier
+        self._wants_usage = wants_usage
+        self._outcome = outcome
+
+    def __call__(self, event: bytes) -> bytes | None:
+        if not event.startswith(b"data:"):
+            return event + b"\n\n" if event.strip() else None
+        payload = event[5:].strip()
+        if payload == b"[DONE]":
+            self._outcome.completed = True
+            return _DONE
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return event + b"\n\n"
+        if not isinstance(obj, dict):
+            return event + b"\n\n"
+        if "error" in obj:
+            err = from_upstream(502, payload)
+            self._outcome.error = "upstream_error_event"
+            return b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
+        usage = obj.get("usage")
+        if usage:
+            self._outcome.usage = usage
+        choices = obj.get("choices")
+        if self._outcome.first_token_at is None and choices:
+            self._outcome.first_token_at = time.perf_counter()
+        if not self._wants_usage:
+            if not choices and usage:
+                return None
+            obj.pop("usage", None)
+        obj["service_tier"] = self._tier
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def relay_events(
+    opened: Opened,
+    served_tier: str,
+    wants_usage: bool,
+    between_chunks_seconds: float,
+    outcome: StreamOutcome,
+    on_finish: Callable[[StreamOutcome], None],
+) -> AsyncIterator[bytes]:
+    """Yield the client's bytes as upstream bytes arrive; always end the stream properly."""
+    rewrite = _EventRewriter(served_tier, wants_usage, outcome)
+    buffer = b""
+    reader = opened.response.content
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(between_chunks_seconds):
+                    chunk = await reader.readany()
+            except TimeoutError:
+                outcome.error = "upstream_stalled"
+                opened.endpoint.record_failure()
+                yield sse_error_event(
+                    f"The upstream sent nothing for {between_chunks_seconds:g}s; "
+                    "the stream was ended.",
+                    "upstream_timeout",
+                )
+                return
+            if not chunk:
+                break
+            started = time.perf_counter()
+            buffer += chunk
+            parts: list[bytes] = []
+            while (end := buffer.find(b"\n\n")) >= 0:
+                out = rewrite(buffer[:end])
+                buffer = buffer[end + 2 :]
+                if out is not None:
+                    parts.append(out)
+            outcome.processing_seconds += time.perf_counter() - started
+            if parts:
+                yield b"".join(parts)
+        if not outcome.completed and outcome.error is None:
+            outcome.error = "upstream_truncated"
+            yield sse_error_event(
+                "The upstream ended the stream before it was complete.", "upstream_stream_broken"
+            )
+    except (aiohttp.ClientError, OSError) as exc:
+        outcome.error = "upstream_broken"
+        opened.endpoint.record_failure()
+        yield sse_error_event(
+            f"The upstream connection broke mid-stream ({type(exc).__name__}).",
+            "upstream_stream_broken",
+        )
+    except asyncio.CancelledError:
+        outcome.cancelled = True
+        raise
+    finally:
+        on_finish(outcome)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that notices a client disconnect even while upstream is silent
+    (Starlette only notices on the next write under ASGI 2.4), so the upstream request is
+    cancelled at once. ``cleanup`` runs however the response ends, even when the body
+    iterator never started."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], cleanup: Callable[[], None], **kwargs: Any
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+        listen = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait({stream, listen}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stream, listen):
+                task.cancel()
+            results = await asyncio.gather(stream, listen, return_exceptions=True)
+            self._cleanup()
+        failure = results[0]
+        if isinstance(failure, Exception) and not isinstance(failure, OSError):
+            raise failure

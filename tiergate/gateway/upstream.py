@@ -1,0 +1,171 @@
+"""Opening an upstream request: endpoint choice, retries, passive ejection, tier fallback.
+
+Everything here happens before the first byte reaches the client, which is what makes a
+retry or a change of tier safe. Errors are translated into :class:`OpenAIError` here, at
+the one place where upstream I/O starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from tiergate.backends.endpoint import Endpoint
+from tiergate.backends.pool import TierPool
+from tiergate.gateway.errors import OpenAIError, from_upstream
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.selection import InspectedRequest
+from tiergate.settings import PolicySettings, TimeoutSettings
+from tiergate.tiers import Tier
+
+log = logging.getLogger("tiergate.upstream")
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream response whose status line and headers have arrived."""
+
+    response: aiohttp.ClientResponse
+    endpoint: Endpoint
+    tier: Tier
+    fallback: bool
+    attempts: int
+    _released: bool = field(default=False)
+
+    def release(self) -> None:
+        """Close the upstream response (a cut connection aborts vLLM's request) once."""
+        if not self._released:
+            self._released = True
+            self.endpoint.in_flight -= 1
+            self.response.close()
+
+
+class UpstreamCaller:
+    """Opens a request on the best endpoint of a tier, retrying and falling back."""
+
+    def __init__(
+        self,
+        pools: dict[Tier, TierPool],
+        session: aiohttp.ClientSession,
+        timeouts: TimeoutSettings,
+        policy: PolicySettings,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._pools = pools
+        self._session = session
+        self._policy = policy
+        self._metrics = metrics
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=timeouts.connect_seconds,
+            sock_connect=timeouts.connect_seconds,
+            sock_read=timeouts.first_byte_seconds,
+        )
+
+    def tiers_for(self, req: InspectedRequest) -> list[Tier]:
+        first = req.choice.tier
+        tiers = [first]
+        other = first.other
+        if self._policy.fallback and (other is not Tier.FAST or req.fast_compatible):
+            tiers.append(other)
+        return tiers
+
+    async def open(
+        self, req: InspectedRequest, path: str, body: bytes, request_id: str
+    ) -> Opened:
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        last_error: OpenAIError | None = None
+        attempts = 0
+        tiers = self.tiers_for(req)
+        for index, tier in enumerate(tiers):
+            if index > 0:
+                reason = "timeout" if last_error and last_error.status == 504 else "unavailable"
+                self._metrics.fallbacks.labels(tiers[0].value, tier.value, reason).inc()
+                log.warning(
+                    "falling back from %s to %s: %s",
+                    tiers[0].value, tier.value, last_error.message if last_error else reason,
+                )
+            tried: list[str] = []
+            for _ in range(self._policy.max_attempts):
+                ep = self._pools[tier].choose(req.model, req.prefix_key, exclude=tried)
+                if ep is None:
+                    break
+                if tried:
+                    self._metrics.retries.labels(tier.value, _reason(last_error)).inc()
+                tried.append(ep.url)
+                attempts += 1
+                outcome = await self._attempt(ep, path, body, headers)
+                if isinstance(outcome, aiohttp.ClientResponse):
+                    return Opened(outcome, ep, tier, index > 0, attempts)
+                last_error = outcome
+        if last_error is not None:
+            raise last_error
+        raise OpenAIError(
+            503,
+            f"No healthy endpoint is serving model {req.model!r} on tier "
+            f"{' or '.join(t.value for t in tiers)}.",
+            code="no_healthy_endpoint",
+            headers={"retry-after": "1"},
+        )
+
+    async def _attempt(
+        self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse | OpenAIError:
+        ep.in_flight += 1
+        try:
+            resp = await self._session.post(
+                ep.url + path, data=body, headers=headers, timeout=self._timeout
+            )
+        except asyncio.CancelledError:
+            ep.in_flight -= 1
+            raise
+        except TimeoutError:
+            ep.in_flight -= 1
+            self._failed(ep)
+            return OpenAIError(
+                504, f"The {ep.tier.value} tier did not answer in time.", code="upstream_timeout"
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            ep.in_flight -= 1
+            self._failed(ep)
+            return OpenAIError(
+                503,
+                f"The {ep.tier.value} tier is unavailable ({type(exc).__name__}).",
+                code="backend_unavailable",
+                headers={"retry-after": "1"},
+            )
+        if resp.status in RETRYABLE_STATUS:
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                raw = b""
+            finally:
+                ep.in_flight -= 1
+                resp.close()
+            if resp.status != 429:
+                self._failed(ep)
+            return from_upstream(resp.status, raw)
+        ep.record_success()
+        return resp
+
+    def _failed(self, ep: Endpoint) -> None:
+        if ep.record_failure():
+            self._metrics.ejections.labels(ep.tier.value).inc()
+            log.warning("endpoint %s ejected after %d failures", ep.url, ep.consecutive_failures)
+
+
+def _reason(error: OpenAIError | None) -> str:
+    if error is None:
+        return "unknown"
+    return error.code or str(error.status)
+
+
+async def close_quietly(resp: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(Exception):
+        resp.close()

@@ -1,0 +1,207 @@
+"""The one validated settings tree of tiergate.
+
+Sources, highest priority first: keyword arguments (tests), environment variables
+(``TIERGATE_`` prefix, ``__`` between nested names, e.g. ``TIERGATE_GATEWAY__PORT=9000``,
+JSON for lists and objects), the YAML file named by ``TIERGATE_CONFIG``, then defaults.
+The tree is built by :func:`load_settings` at process start, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from tiergate.speculative.config import SpeculativeConfig
+from tiergate.tiers import Tier
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_cache_dir() -> Path:
+    """Where prepared models, logs and reports live (``TIERGATE_CACHE_DIR`` overrides)."""
+    env = os.environ.get("TIERGATE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "tiergate"
+
+
+class _Section(BaseModel):
+    model_config = {"extra": "forbid"}
+
+
+class DnsDiscovery(_Section):
+    """Endpoints found by resolving a (headless Service) name; every address is one endpoint."""
+
+    name: str
+    port: int = Field(8000, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    refresh_seconds: float = Field(10.0, gt=0)
+
+
+class PoolSettings(_Section):
+    """The endpoints of one tier: a static list, DNS discovery, or both."""
+
+    endpoints: list[str] = Field(default_factory=list)
+    dns: DnsDiscovery | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in value]
+
+
+class HealthSettings(_Section):
+    """Active health checks and passive ejection."""
+
+    interval_seconds: float = Field(2.0, gt=0)
+    timeout_seconds: float = Field(2.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)
+    cooldown_seconds: float = Field(10.0, ge=0)
+
+
+class TimeoutSettings(_Section):
+    """Upstream timeouts: every upstream call has all three."""
+
+    connect_seconds: float = Field(2.0, gt=0)
+    first_byte_seconds: float = Field(120.0, gt=0)
+    between_chunks_seconds: float = Field(30.0, gt=0)
+
+
+class RoutingSettings(_Section):
+    """Load-aware choice with prefix affinity."""
+
+    prefix_chars: int = Field(512, ge=16)
+    affinity_max_entries: int = Field(10_000, ge=1)
+    # Affinity holds while the preferred endpoint's load is within this many requests of the
+    # least loaded one: past that the prefix cache is worth less than the queueing it causes.
+    affinity_load_slack: float = Field(4.0, ge=0)
+
+
+class PolicySettings(_Section):
+    """How tiers are chosen and when the gateway moves a request between them."""
+
+    auto_tier: Tier = Tier.STANDARD
+    fallback: bool = True
+    max_attempts: int = Field(3, ge=1)
+
+
+class GatewaySettings(_Section):
+    """The HTTP face."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    log_requests: bool = True
+
+
+class TierProfile(_Section):
+    """What one tier's vLLM server runs: the model, its serving arguments, speculation."""
+
+    model: str
+    served_model_name: str = DEFAULT_MODEL_NAME
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    dtype: str = "bfloat16"
+    max_model_len: int | None = Field(2048, ge=16)
+    enforce_eager: bool = False
+    kv_cache_gib: int = Field(1, ge=1)
+    # vLLM's CPU build pins its OpenMP threads; left on "auto", two engines on one machine
+    # both take core 0. Giving each tier its own cores keeps them from halving each other.
+    cpu_cores: str = "auto"
+    speculative: SpeculativeConfig | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+def _default_profiles() -> dict[Tier, TierProfile]:
+    model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
+    return {
+        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0"),
+        Tier.FAST: TierProfile(
+            model=model,
+            port=8102,
+            cpu_cores="1",
+            speculative={  # type: ignore[arg-type]
+                "method": "ngram",
+                "num_speculative_tokens": 4,
+                "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2,
+            },
+        ),
+    }
+
+
+def _default_tiers() -> dict[Tier, PoolSettings]:
+    return {
+        Tier.STANDARD: PoolSettings(endpoints=["http://127.0.0.1:8101"]),
+        Tier.FAST: PoolSettings(endpoints=["http://127.0.0.1:8102"]),
+    }
+
+
+class Settings(BaseSettings):
+    """Root of the settings tree."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIERGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    tiers: dict[Tier, PoolSettings] = Field(default_factory=_default_tiers)
+    profiles: dict[Tier, TierProfile] = Field(default_factory=_default_profiles)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _both_tiers(self) -> Settings:
+        missing = [t.value for t in Tier if t not in self.tiers]
+        if missing:
+            raise ValueError(f"tiers: missing pool for {', '.join(missing)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("TIERGATE_CONFIG")
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+
+class SettingsError(Exception):
+    """A setting is wrong; the message names it."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings tree, turning validation errors into one readable message."""
+    config_file = os.environ.get("TIERGATE_CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise SettingsError(f"TIERGATE_CONFIG: no such file: {config_file}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(root)"
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from exc

@@ -1,0 +1,1 @@
+"""Speculative-decoding configuration for a tier's vLLM engine."""

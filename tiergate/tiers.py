@@ -1,0 +1,51 @@
+"""The two speed tiers and how OpenAI's ``service_tier`` words map onto them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Tier(StrEnum):
+    """A pool of engines with the same capabilities and a different speed."""
+
+    STANDARD = "standard"
+    FAST = "fast"
+
+    @property
+    def other(self) -> Tier:
+        return Tier.FAST if self is Tier.STANDARD else Tier.STANDARD
+
+    @property
+    def openai_name(self) -> str:
+        """The word echoed in responses' ``service_tier``."""
+        return "priority" if self is Tier.FAST else "default"
+
+
+AUTO = "auto"
+
+# OpenAI's `flex` (cheaper, slower) and `scale` (reserved capacity at default speed) have no
+# tier of their own here; both are served at standard speed rather than refused, so that
+# unmodified clients that send them keep working.
+_REQUESTED: dict[str, Tier | None] = {
+    "auto": None,
+    "default": Tier.STANDARD,
+    "standard": Tier.STANDARD,
+    "flex": Tier.STANDARD,
+    "scale": Tier.STANDARD,
+    "priority": Tier.FAST,
+    "fast": Tier.FAST,
+}
+
+ACCEPTED_WORDS = tuple(_REQUESTED)
+
+
+class UnknownTierError(ValueError):
+    """A requested tier word that is neither OpenAI's nor tiergate's."""
+
+
+def parse_requested_tier(word: str) -> Tier | None:
+    """Map a requested tier word to a tier; ``None`` means "auto" (the policy decides)."""
+    try:
+        return _REQUESTED[word.strip().lower()]
+    except KeyError:
+        raise UnknownTierError(word) from None
