@@ -1,0 +1,183 @@
+"""FakeVllm: a fake vLLM-compatible server for fault injection, on loopback.
+
+It speaks just enough of vLLM's OpenAI API (``/health``, ``/metrics``, ``/v1/models``,
+``/v1/chat/completions``, ``/v1/completions``) to exercise the gateway, and can be told to
+fail in the ways real servers do: an error status, a hang, a stream cut mid-way, a stream
+that stalls or ends without ``[DONE]``. It records what it saw, including cancellations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+MODEL = "fake-model"
+
+
+@dataclass
+class FakeBehaviour:
+    mode: str = "ok"  # ok | status | hang | cut_stream | truncate_stream | stall_stream
+    status: int = 500
+    chunks: int = 5
+    chunk_delay: float = 0.0
+    healthy: bool = True
+    running: float = 0.0
+    waiting: float = 0.0
+
+
+@dataclass
+class FakeRecord:
+    requests: int = 0
+    cancelled: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakeVllm:
+    """A fake vLLM server running on its own event loop in a background thread."""
+
+    def __init__(self, model: str = MODEL) -> None:
+        self.model = model
+        self.behaviour = FakeBehaviour()
+        self.record = FakeRecord()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeVllm:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def wait_for(self, predicate: Any, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.02)
+        return bool(predicate())
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.behaviour.healthy else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        b = self.behaviour
+        text = (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{self.model}"}} {b.running}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{self.model}"}} {b.waiting}\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{model_name="{self.model}"}} 0.0\n'
+        )
+        return web.Response(text=text)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "created": 1,
+                                         "owned_by": "vllm", "max_model_len": 2048}]}
+        )
+
+    def _chunk(self, i: int, chat: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if chat:
+            choice["delta"] = {"content": f"tok{i} "}
+        else:
+            choice["text"] = f"tok{i} "
+        return {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 1, "model": self.model, "choices": [choice]}
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.record.requests += 1
+        self.record.bodies.append(body)
+        b = self.behaviour
+        chat = request.path.endswith("/chat/completions")
+        try:
+            if b.mode == "status":
+                return web.json_response(
+                    {"error": {"message": f"fake failure {b.status}", "type": "FakeError",
+                               "param": None, "code": b.status}},
+                    status=b.status,
+                )
+            if b.mode == "hang":
+                await asyncio.sleep(3600)
+            if not body.get("stream"):
+                await asyncio.sleep(b.chunk_delay)
+                message = {"role": "assistant", "content": "hello from fake"}
+                choice = {"index": 0, "finish_reason": "stop"}
+                choice.update({"message": message} if chat else {"text": "hello from fake"})
+                return web.json_response(
+                    {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
+                     "created": 1, "model": self.model, "choices": [choice],
+                     "service_tier": None,
+                     "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
+                )
+            return await self._stream(request, body, chat)
+        except asyncio.CancelledError:
+            self.record.cancelled += 1
+            raise
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], chat: bool
+    ) -> web.StreamResponse:
+        b = self.behaviour
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(b.chunks):
+            if i > 0 and b.chunk_delay:
+                await asyncio.sleep(b.chunk_delay)
+            if b.mode == "cut_stream" and i == 2:
+                await asyncio.sleep(0.1)  # let the earlier chunks leave before the cut
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            if b.mode == "stall_stream" and i == 2:
+                await asyncio.sleep(3600)
+            try:
+                await resp.write(b"data: " + json.dumps(self._chunk(i, chat)).encode() + b"\n\n")
+            except ConnectionResetError:
+                self.record.cancelled += 1
+                return resp
+        if b.mode == "truncate_stream":
+            return resp
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            usage = {"prompt_tokens": 3, "completion_tokens": b.chunks,
+                     "total_tokens": 3 + b.chunks}
+            final = {"id": "fake-1", "object": "chat.completion.chunk", "created": 1,
+                     "model": self.model, "choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp

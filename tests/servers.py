@@ -1,0 +1,60 @@
+"""Running a real gateway (uvicorn on loopback, in a thread) for tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+from tiergate.gateway.app import create_app
+from tiergate.settings import Settings, load_settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> Settings:
+    """Settings for a test gateway: quick health checks and a short ejection cool-down."""
+    tree: dict[str, Any] = {
+        "tiers": {"standard": {"endpoints": standard}, "fast": {"endpoints": fast}},
+        "health": {"interval_seconds": 0.2, "timeout_seconds": 1.0,
+                   "eject_after_failures": 1, "cooldown_seconds": 30},
+        "timeouts": {"connect_seconds": 1.0, "first_byte_seconds": 10.0,
+                     "between_chunks_seconds": 5.0},
+        "gateway": {"log_requests": False},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            tree[key] = {**tree[key], **value}
+        else:
+            tree[key] = value
+    return load_settings(**tree)
+
+
+@contextmanager
+def running_gateway(settings: Settings) -> Iterator[str]:
+    """Serve the gateway on a free loopback port for the duration of the block."""
+    port = free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                            log_config=None, access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test gateway did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

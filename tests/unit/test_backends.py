@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import time
+
+from tiergate.backends.endpoint import Endpoint, LoadSignals
+from tiergate.backends.launcher import vllm_command, vllm_environment
+from tiergate.backends.loadstats import parse_load_signals
+from tiergate.backends.routing import LoadAwareRouter, PrefixAffinity
+from tiergate.settings import load_settings
+from tiergate.tiers import Tier
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0
+"""
+
+
+def test_parse_load_signals_sums_engines() -> None:
+    assert parse_load_signals(METRICS) == LoadSignals(running=3.0, waiting=3.0,
+                                                      kv_cache_usage=0.25)
+    assert parse_load_signals("") == LoadSignals()
+
+
+def test_passive_ejection_and_cooldown() -> None:
+    ep = Endpoint("http://a", Tier.FAST, eject_after_failures=2, cooldown_seconds=0.2)
+    assert not ep.record_failure() and ep.available()
+    assert ep.record_failure() and not ep.available()
+    time.sleep(0.25)
+    assert ep.available()  # half-open: tried again
+    assert ep.record_failure() and not ep.available()  # still failing: ejected at once
+    ep.record_success()
+    assert ep.consecutive_failures == 0
+
+
+def _eps(*loads: float) -> list[Endpoint]:
+    return [Endpoint(f"http://e{i}", Tier.STANDARD, in_flight=int(load))
+            for i, load in enumerate(loads)]
+
+
+def test_router_prefers_least_loaded() -> None:
+    router = LoadAwareRouter(PrefixAffinity(10), load_slack=2)
+    eps = _eps(5, 0, 3)
+    assert all(router.choose(eps, None).url == "http://e1" for _ in range(5))
+
+
+def test_scraped_load_counts_other_replicas() -> None:
+    eps = _eps(0, 1)
+    eps[0].load = LoadSignals(running=4, waiting=2)
+    router = LoadAwareRouter(PrefixAffinity(10), load_slack=0)
+    assert router.choose(eps, None).url == "http://e1"
+
+
+def test_affinity_sticks_until_load_differs_by_more_than_slack() -> None:
+    router = LoadAwareRouter(PrefixAffinity(10), load_slack=2)
+    eps = _eps(0, 0)
+    first = router.choose(eps, prefix_key=42)
+    for ep in eps:
+        if ep is first:
+            ep.in_flight = 2
+    assert router.choose(eps, prefix_key=42) is first  # within slack: cache wins
+    first.in_flight = 5
+    other = router.choose(eps, prefix_key=42)
+    assert other is not first  # overloaded: load wins
+    assert router.choose(eps, prefix_key=42) is other  # and affinity moved with it
+
+
+def test_affinity_map_is_bounded() -> None:
+    affinity = PrefixAffinity(max_entries=100)
+    for key in range(10_000):
+        affinity.put(key, "http://e0")
+    assert len(affinity) == 100
+    assert affinity.get(0) is None and affinity.get(9_999) == "http://e0"
+
+
+def test_fast_profile_renders_speculative_config() -> None:
+    profile = load_settings().profiles[Tier.FAST]
+    cmd = vllm_command(profile, python="/venv/bin/python")
+    assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    spec = cmd[cmd.index("--speculative-config") + 1]
+    assert '"method":"ngram"' in spec and '"num_speculative_tokens":4' in spec
+    assert cmd[cmd.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
+    env = vllm_environment(profile)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"

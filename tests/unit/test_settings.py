@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiergate.settings import SettingsError, load_settings
+from tiergate.tiers import Tier
+
+
+def test_defaults_describe_the_local_stack() -> None:
+    s = load_settings()
+    assert s.gateway.port == 8000
+    assert s.tiers[Tier.STANDARD].endpoints == ["http://127.0.0.1:8101"]
+    assert s.profiles[Tier.FAST].speculative is not None
+    assert s.profiles[Tier.STANDARD].speculative is None
+
+
+def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_GATEWAY__PORT", "9001")
+    monkeypatch.setenv("TIERGATE_POLICY__AUTO_TIER", "fast")
+    s = load_settings()
+    assert s.gateway.port == 9001
+    assert s.policy.auto_tier is Tier.FAST
+
+
+def test_yaml_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(
+        "tiers:\n"
+        "  standard: {endpoints: ['http://a:8000']}\n"
+        "  fast: {dns: {name: fast-headless.ns.svc, port: 8000}}\n"
+        "policy: {fallback: false}\n"
+    )
+    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    s = load_settings()
+    assert s.tiers[Tier.FAST].dns is not None and s.tiers[Tier.FAST].dns.name.startswith("fast")
+    assert s.policy.fallback is False
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "named"),
+    [
+        ("TIERGATE_GATEWAY__PORT", "eighty", "gateway.port"),
+        ("TIERGATE_HEALTH__EJECT_AFTER_FAILURES", "0", "health.eject_after_failures"),
+        ("TIERGATE_POLICY__AUTO_TIER", "turbo", "policy.auto_tier"),
+        ("TIERGATE_TIERS", '{"standard": {"endpoints": ["ftp://x"]}, "fast": {}}',
+         "tiers.standard.endpoints"),
+        ("TIERGATE_TIERS", '{"standard": {}}', "missing pool for fast"),
+    ],
+)
+def test_a_wrong_setting_is_named(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SettingsError, match=named.replace(".", r"\.")):
+        load_settings()
+
+
+def test_unknown_setting_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("gateway: {prot: 1}\n")
+    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    with pytest.raises(SettingsError, match=r"gateway\.prot"):
+        load_settings()
+
+
+def test_cli_stops_with_the_setting_named() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tiergate", "backend", "--tier", "fast", "--dry-run"],
+        env={"TIERGATE_GATEWAY__PORT": "-5", "PATH": "/usr/bin"},
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert "gateway.port" in proc.stderr
