@@ -25,10 +25,17 @@ def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> 
     """Settings for a test gateway: quick health checks and a short ejection cool-down."""
     tree: dict[str, Any] = {
         "tiers": {"standard": {"endpoints": standard}, "fast": {"endpoints": fast}},
-        "health": {"interval_seconds": 0.2, "timeout_seconds": 1.0,
-                   "eject_after_failures": 1, "cooldown_seconds": 30},
-        "timeouts": {"connect_seconds": 1.0, "first_byte_seconds": 10.0,
-                     "between_chunks_seconds": 5.0},
+        "health": {
+            "interval_seconds": 0.2,
+            "timeout_seconds": 1.0,
+            "eject_after_failures": 1,
+            "cooldown_seconds": 30,
+        },
+        "timeouts": {
+            "connect_seconds": 1.0,
+            "first_byte_seconds": 10.0,
+            "between_chunks_seconds": 5.0,
+        },
         "gateway": {"log_requests": False},
     }
     for key, value in overrides.items():
@@ -43,8 +50,14 @@ def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> 
 def running_gateway(settings: Settings) -> Iterator[str]:
     """Serve the gateway on a free loopback port for the duration of the block."""
     port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                            log_config=None, access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

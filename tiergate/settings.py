@@ -130,7 +130,7 @@ def _default_profiles() -> dict[Tier, TierProfile]:
             model=model,
             port=8102,
             cpu_cores="1",
-            speculative={  # type: ignore[arg-type]
+            speculative={
                 "method": "ngram",
                 "num_speculative_tokens": 4,
                 "prompt_lookup_max": 4,

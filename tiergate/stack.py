@@ -41,7 +41,9 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> No
 
 
 def wait_healthy(
-    procs: dict[Tier, subprocess.Popen[bytes]], urls: dict[Tier, str], logs: dict[Tier, Path],
+    procs: dict[Tier, subprocess.Popen[bytes]],
+    urls: dict[Tier, str],
+    logs: dict[Tier, Path],
     budget: float = 600.0,
 ) -> None:
     """Wait for every tier's /health, printing progress; fail early if a server dies."""
@@ -52,8 +54,7 @@ def wait_healthy(
             proc = procs.get(tier)
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(
-                    f"the {tier.value} tier's vLLM exited with {proc.returncode}; "
-                    f"see {logs[tier]}"
+                    f"the {tier.value} tier's vLLM exited with {proc.returncode}; see {logs[tier]}"
                 )
             if healthy(url):
                 _say(f"{tier.value} tier ready at {url} ({time.monotonic() - started:.0f}s)")
@@ -62,8 +63,10 @@ def wait_healthy(
         if elapsed > budget:
             raise RuntimeError(f"tiers not ready after {budget:.0f}s: {', '.join(pending)}")
         if pending:
-            _say(f"waiting for {', '.join(t.value for t in pending)} "
-                 f"({elapsed:.0f}s; first start compiles, later ones are quicker)")
+            _say(
+                f"waiting for {', '.join(t.value for t in pending)} "
+                f"({elapsed:.0f}s; first start compiles, later ones are quicker)"
+            )
             time.sleep(5)
 
 
@@ -106,14 +109,15 @@ def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
     try:
         wait_healthy(procs, urls, logs)
         host, port = settings.gateway.host, settings.gateway.port
-        model = settings.profiles[Tier.STANDARD].served_model_name
-        _say(f"gateway on http://{host}:{port}; try:\n"
-             f"  curl http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
-             f"-d '{{\"model\": \"{model}\", \"service_tier\": \"priority\", "
-             f"\"messages\": [{{\"role\": \"user\", \"content\": \"Say hello\"}}]}}'")
+        name = settings.profiles[Tier.STANDARD].served_model_name
+        _say(
+            f"gateway on http://{host}:{port}; try:\n"
+            f"  curl http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
+            f'-d \'{{"model": "{name}", "service_tier": "priority", '
+            f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\''
+        )
         configure_logging(settings.log_level)
-        uvicorn.run(create_app(settings), host=host, port=port, log_config=None,
-                    access_log=False)
+        uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
         return 0
     except KeyboardInterrupt:
         return 0

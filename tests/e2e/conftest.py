@@ -82,7 +82,8 @@ def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Tier
 @pytest.fixture(scope="session")
 def gateway(vllm_servers: dict[Tier, VllmServer]) -> Iterator[str]:
     settings = gateway_settings(
-        [vllm_servers[Tier.STANDARD].url], [vllm_servers[Tier.FAST].url],
+        [vllm_servers[Tier.STANDARD].url],
+        [vllm_servers[Tier.FAST].url],
         timeouts={"first_byte_seconds": 120.0, "between_chunks_seconds": 60.0},
         health={"eject_after_failures": 1, "cooldown_seconds": 600},
     )

@@ -27,18 +27,25 @@ def test_models_list_both_tiers(client: openai.OpenAI) -> None:
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-@pytest.mark.parametrize(("asked", "echoed", "served"), [
-    (None, "default", "standard"),
-    ("default", "default", "standard"),
-    ("priority", "priority", "fast"),
-    ("auto", "default", "standard"),
-])
+@pytest.mark.parametrize(
+    ("asked", "echoed", "served"),
+    [
+        (None, "default", "standard"),
+        ("default", "default", "standard"),
+        ("priority", "priority", "fast"),
+        ("auto", "default", "standard"),
+    ],
+)
 def test_chat_tier_by_field(
     client: openai.OpenAI, asked: str | None, echoed: str, served: str
 ) -> None:
     extra = {} if asked is None else {"service_tier": asked}
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=PROMPT, max_tokens=40, temperature=0, **extra  # type: ignore[arg-type]
+        model=MODEL,
+        messages=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        **extra,  # type: ignore[arg-type]
     )
     completion = raw.parse()
     assert completion.service_tier == echoed
@@ -50,7 +57,10 @@ def test_chat_tier_by_field(
 
 def test_tier_by_header(client: openai.OpenAI) -> None:
     raw = client.completions.with_raw_response.create(
-        model=MODEL, prompt="def add(a, b):", max_tokens=16, temperature=0,
+        model=MODEL,
+        prompt="def add(a, b):",
+        max_tokens=16,
+        temperature=0,
         extra_headers={"X-Tiergate-Tier": "fast"},
     )
     assert raw.headers["x-tiergate-tier"] == "fast"
@@ -61,7 +71,11 @@ def test_tier_by_header(client: openai.OpenAI) -> None:
 
 def test_streaming_chat_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model=MODEL, messages=PROMPT, max_tokens=24, stream=True, service_tier="priority",
+        model=MODEL,
+        messages=PROMPT,
+        max_tokens=24,
+        stream=True,
+        service_tier="priority",
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -73,16 +87,25 @@ def test_streaming_chat_with_usage(client: openai.OpenAI) -> None:
 
 
 def test_streaming_completion_without_usage(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(
-        model=MODEL, prompt="Once upon a time", max_tokens=8, stream=True))
+    chunks = list(
+        client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, stream=True)
+    )
     assert all(c.usage is None for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices)
 
 
 def test_fields_pass_through_untouched(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model=MODEL, messages=PROMPT, max_tokens=5, n=2, seed=7, logprobs=True, top_logprobs=2,
-        stop=["\n\n"], temperature=0.8, service_tier="priority",
+        model=MODEL,
+        messages=PROMPT,
+        max_tokens=5,
+        n=2,
+        seed=7,
+        logprobs=True,
+        top_logprobs=2,
+        stop=["\n\n"],
+        temperature=0.8,
+        service_tier="priority",
     )
     assert len(completion.choices) == 2
     logprobs = completion.choices[0].logprobs
@@ -99,7 +122,10 @@ def test_fast_tier_refusals_are_served_by_standard(
     assert direct.status_code == 400
     # ...and through the gateway it succeeds on the standard tier, which says so.
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=PROMPT, max_tokens=8, service_tier="priority",
+        model=MODEL,
+        messages=PROMPT,
+        max_tokens=8,
+        service_tier="priority",
         extra_body={"min_p": 0.1, "logit_bias": {"1": 2}},
     )
     assert raw.parse().service_tier == "default"
@@ -111,8 +137,7 @@ def test_bad_requests_get_the_openai_envelope(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="no-such-model", messages=PROMPT)
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as tier:
-        client.chat.completions.create(model=MODEL, messages=PROMPT,
-                                       service_tier="turbo")  # type: ignore[arg-type]
+        client.chat.completions.create(model=MODEL, messages=PROMPT, service_tier="turbo")  # type: ignore[arg-type]
     assert tier.value.code == "invalid_service_tier"
     # vLLM's own validation error comes back in OpenAI's shape (no integer code).
     with pytest.raises(openai.BadRequestError) as vllm_err:
@@ -123,10 +148,13 @@ def test_bad_requests_get_the_openai_envelope(client: openai.OpenAI) -> None:
 
 
 def test_gateway_metrics_count_tiers(gateway: str, client: openai.OpenAI) -> None:
-    client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=4,
-                                   service_tier="priority", stream=False)
+    client.chat.completions.create(
+        model=MODEL, messages=PROMPT, max_tokens=4, service_tier="priority", stream=False
+    )
     text = httpx.get(f"{gateway}/metrics").text
-    assert 'tiergate_requests_total{model="SmolLM2-135M-Instruct",path="/v1/chat/completions"' \
-           ',status="200",tier="fast"}' in text
+    assert (
+        'tiergate_requests_total{model="SmolLM2-135M-Instruct",path="/v1/chat/completions"'
+        ',status="200",tier="fast"}' in text
+    )
     assert "tiergate_time_to_first_token_seconds_count" in text
-    assert 'tiergate_endpoint_healthy{endpoint=' in text
+    assert "tiergate_endpoint_healthy{endpoint=" in text

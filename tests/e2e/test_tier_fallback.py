@@ -14,18 +14,22 @@ from tiergate.tiers import Tier
 def test_fast_server_killed_falls_back_to_standard(
     gateway: str, vllm_servers: dict[Tier, VllmServer]
 ) -> None:
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0,
-                           timeout=120)
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=120)
     before = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
         service_tier="priority",
     )
     assert before.headers["x-tiergate-tier"] == "fast"
     vllm_servers[Tier.FAST].kill()
     for stream in (False, True):
         raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-            service_tier="priority", stream=stream,
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            service_tier="priority",
+            stream=stream,
         )
         assert raw.headers["x-tiergate-tier"] == "standard"
         assert raw.headers["x-tiergate-fallback"] == "true"

@@ -105,8 +105,18 @@ class FakeVllm:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"object": "list", "data": [{"id": self.model, "object": "model", "created": 1,
-                                         "owned_by": "vllm", "max_model_len": 2048}]}
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": 1,
+                        "owned_by": "vllm",
+                        "max_model_len": 2048,
+                    }
+                ],
+            }
         )
 
     def _chunk(self, i: int, chat: bool) -> dict[str, Any]:
@@ -115,8 +125,13 @@ class FakeVllm:
             choice["delta"] = {"content": f"tok{i} "}
         else:
             choice["text"] = f"tok{i} "
-        return {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": 1, "model": self.model, "choices": [choice]}
+        return {
+            "id": "fake-1",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": 1,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -127,8 +142,14 @@ class FakeVllm:
         try:
             if b.mode == "status":
                 return web.json_response(
-                    {"error": {"message": f"fake failure {b.status}", "type": "FakeError",
-                               "param": None, "code": b.status}},
+                    {
+                        "error": {
+                            "message": f"fake failure {b.status}",
+                            "type": "FakeError",
+                            "param": None,
+                            "code": b.status,
+                        }
+                    },
                     status=b.status,
                 )
             if b.mode == "hang":
@@ -139,10 +160,15 @@ class FakeVllm:
                 choice = {"index": 0, "finish_reason": "stop"}
                 choice.update({"message": message} if chat else {"text": "hello from fake"})
                 return web.json_response(
-                    {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
-                     "created": 1, "model": self.model, "choices": [choice],
-                     "service_tier": None,
-                     "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
+                    {
+                        "id": "fake-1",
+                        "object": "chat.completion" if chat else "text_completion",
+                        "created": 1,
+                        "model": self.model,
+                        "choices": [choice],
+                        "service_tier": None,
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+                    }
                 )
             return await self._stream(request, body, chat)
         except asyncio.CancelledError:
@@ -174,10 +200,19 @@ class FakeVllm:
             return resp
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
-            usage = {"prompt_tokens": 3, "completion_tokens": b.chunks,
-                     "total_tokens": 3 + b.chunks}
-            final = {"id": "fake-1", "object": "chat.completion.chunk", "created": 1,
-                     "model": self.model, "choices": [], "usage": usage}
+            usage = {
+                "prompt_tokens": 3,
+                "completion_tokens": b.chunks,
+                "total_tokens": 3 + b.chunks,
+            }
+            final = {
+                "id": "fake-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": self.model,
+                "choices": [],
+                "usage": usage,
+            }
             await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp

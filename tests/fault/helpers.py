@@ -19,4 +19,4 @@ def metric_value(base: str, name: str, **labels: str) -> float:
 
 
 def sse_events(text: str) -> list[str]:
-    return [part[len("data: "):] for part in text.split("\n\n") if part.startswith("data: ")]
+    return [part[len("data: ") :] for part in text.split("\n\n") if part.startswith("data: ")]

@@ -43,13 +43,15 @@ def test_endpoint_returning_after_outage_is_used_again(fakes: list[FakeVllm]) ->
     fakes[2].behaviour.healthy = False
     settings = gateway_settings([fakes[0].url], [fakes[2].url])
     with running_gateway(settings) as base:
-        first = httpx.post(f"{base}/v1/completions",
-                           json={"model": MODEL, "prompt": "x", "service_tier": "fast"})
+        first = httpx.post(
+            f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "service_tier": "fast"}
+        )
         assert first.headers["x-tiergate-tier"] == "standard"
         fakes[2].behaviour.healthy = True
         time.sleep(0.6)  # a few health-check rounds
-        again = httpx.post(f"{base}/v1/completions",
-                           json={"model": MODEL, "prompt": "x", "service_tier": "fast"})
+        again = httpx.post(
+            f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "service_tier": "fast"}
+        )
         assert again.headers["x-tiergate-tier"] == "fast"
         assert again.json()["service_tier"] == "priority"
 
@@ -92,8 +94,12 @@ def test_bad_requests_get_the_envelope_and_reach_no_backend(fakes: list[FakeVllm
             (b"[1, 2]", 400, "invalid_json", None),
             (b'{"messages": []}', 400, None, "model"),
             (b'{"model": "nope", "messages": []}', 404, "model_not_found", "model"),
-            (b'{"model": "fake-model", "service_tier": "turbo"}', 400, "invalid_service_tier",
-             "service_tier"),
+            (
+                b'{"model": "fake-model", "service_tier": "turbo"}',
+                400,
+                "invalid_service_tier",
+                "service_tier",
+            ),
             (b'{"model": "fake-model", "service_tier": 3}', 400, None, "service_tier"),
             (b'{"model": "fake-model", "stream": "yes"}', 400, None, "stream"),
         ]
@@ -104,8 +110,9 @@ def test_bad_requests_get_the_envelope_and_reach_no_backend(fakes: list[FakeVllm
             assert set(err) == {"message", "type", "param", "code"}
             assert err["code"] == code and err["param"] == param, body
             assert err["message"]
-        resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT,
-                          headers={"x-tiergate-tier": "warp"})
+        resp = httpx.post(
+            f"{base}/v1/chat/completions", json=CHAT, headers={"x-tiergate-tier": "warp"}
+        )
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "x-tiergate-tier"
         assert httpx.get(f"{base}/v1/nothing").json()["error"]["code"] == "not_found"
         assert fakes[0].record.requests == 0 and fakes[2].record.requests == 0
@@ -128,8 +135,10 @@ def test_stream_usage_is_hidden_unless_asked_and_counted_always(fakes: list[Fake
         assert '"usage"' not in plain and plain.endswith("data: [DONE]\n\n")
         assert fakes[0].record.bodies[-1]["stream_options"] == {"include_usage": True}
         assert "service_tier" not in fakes[0].record.bodies[-1]
-        asked = httpx.post(f"{base}/v1/chat/completions", json={
-            **CHAT, "stream": True, "stream_options": {"include_usage": True}}).text
+        asked = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+        ).text
         assert '"completion_tokens": 5' in asked.replace('":', '": ')
         assert metric_value(base, "tiergate_completion_tokens_total", tier="standard") == 10
         assert "x-request-id" in httpx.post(f"{base}/v1/chat/completions", json=CHAT).headers

@@ -35,8 +35,9 @@ def test_stream_ending_without_done_is_reported(fakes: list[FakeVllm]) -> None:
     fakes[0].behaviour.mode = "truncate_stream"
     with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
         events = sse_events(
-            httpx.post(f"{base}/v1/completions",
-                       json={"model": MODEL, "prompt": "x", "stream": True}).text
+            httpx.post(
+                f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True}
+            ).text
         )
         assert json.loads(events[-1])["error"]["code"] == "upstream_stream_broken"
         assert len(events) == 6  # five chunks, then the error
@@ -44,8 +45,9 @@ def test_stream_ending_without_done_is_reported(fakes: list[FakeVllm]) -> None:
 
 def test_stream_stalling_between_chunks_times_out(fakes: list[FakeVllm]) -> None:
     fakes[0].behaviour.mode = "stall_stream"
-    settings = gateway_settings([fakes[0].url], [fakes[2].url],
-                                timeouts={"between_chunks_seconds": 0.5})
+    settings = gateway_settings(
+        [fakes[0].url], [fakes[2].url], timeouts={"between_chunks_seconds": 0.5}
+    )
     with running_gateway(settings) as base:
         started = time.monotonic()
         events = sse_events(
@@ -64,8 +66,9 @@ def test_retryable_status_is_retried_on_another_endpoint(
     bad.behaviour.status = status
     # Load makes the bad endpoint the first choice, so every request meets it first.
     good.behaviour.running = 50
-    settings = gateway_settings([bad.url, good.url], [fakes[2].url],
-                                health={"eject_after_failures": 100})
+    settings = gateway_settings(
+        [bad.url, good.url], [fakes[2].url], health={"eject_after_failures": 100}
+    )
     with running_gateway(settings) as base:
         time.sleep(0.5)
         for _ in range(3):
@@ -86,8 +89,12 @@ def test_non_retryable_upstream_error_is_normalised_not_retried(fakes: list[Fake
         resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
         assert resp.status_code == 400
         err = resp.json()["error"]
-        assert err == {"message": "fake failure 400", "type": "invalid_request_error",
-                       "param": None, "code": None}
+        assert err == {
+            "message": "fake failure 400",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
         assert fakes[1].record.requests == 0
 
 
@@ -95,8 +102,9 @@ def test_hung_upstream_times_out_and_is_ejected(fakes: list[FakeVllm]) -> None:
     hung, good = fakes[0], fakes[1]
     hung.behaviour.mode = "hang"
     good.behaviour.running = 50  # prefer the hung endpoint while both are healthy
-    settings = gateway_settings([hung.url, good.url], [fakes[2].url],
-                                timeouts={"first_byte_seconds": 0.5})
+    settings = gateway_settings(
+        [hung.url, good.url], [fakes[2].url], timeouts={"first_byte_seconds": 0.5}
+    )
     with running_gateway(settings) as base:
         time.sleep(0.5)
         first = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
@@ -112,8 +120,12 @@ def test_hung_upstream_times_out_and_is_ejected(fakes: list[FakeVllm]) -> None:
 
 def test_single_hung_endpoint_gives_504_envelope(fakes: list[FakeVllm]) -> None:
     fakes[0].behaviour.mode = "hang"
-    settings = gateway_settings([fakes[0].url], [fakes[2].url],
-                                timeouts={"first_byte_seconds": 0.5}, policy={"fallback": False})
+    settings = gateway_settings(
+        [fakes[0].url],
+        [fakes[2].url],
+        timeouts={"first_byte_seconds": 0.5},
+        policy={"fallback": False},
+    )
     with running_gateway(settings) as base:
         resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
         assert resp.status_code == 504
@@ -125,8 +137,9 @@ def test_client_disconnect_cancels_streaming_upstream(fakes: list[FakeVllm]) -> 
     fakes[0].behaviour.chunks = 100
     fakes[0].behaviour.chunk_delay = 0.1
     with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
-        with httpx.stream("POST", f"{base}/v1/chat/completions",
-                          json={**CHAT, "stream": True}) as resp:
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json={**CHAT, "stream": True}
+        ) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")
         assert fakes[0].wait_for(lambda: fakes[0].record.cancelled == 1, timeout=3)

@@ -24,8 +24,7 @@ vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0
 
 
 def test_parse_load_signals_sums_engines() -> None:
-    assert parse_load_signals(METRICS) == LoadSignals(running=3.0, waiting=3.0,
-                                                      kv_cache_usage=0.25)
+    assert parse_load_signals(METRICS) == LoadSignals(running=3.0, waiting=3.0, kv_cache_usage=0.25)
     assert parse_load_signals("") == LoadSignals()
 
 
@@ -41,8 +40,9 @@ def test_passive_ejection_and_cooldown() -> None:
 
 
 def _eps(*loads: float) -> list[Endpoint]:
-    return [Endpoint(f"http://e{i}", Tier.STANDARD, in_flight=int(load))
-            for i, load in enumerate(loads)]
+    return [
+        Endpoint(f"http://e{i}", Tier.STANDARD, in_flight=int(load)) for i, load in enumerate(loads)
+    ]
 
 
 def test_router_prefers_least_loaded() -> None:

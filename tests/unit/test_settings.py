@@ -46,8 +46,11 @@ def test_yaml_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
         ("TIERGATE_GATEWAY__PORT", "eighty", "gateway.port"),
         ("TIERGATE_HEALTH__EJECT_AFTER_FAILURES", "0", "health.eject_after_failures"),
         ("TIERGATE_POLICY__AUTO_TIER", "turbo", "policy.auto_tier"),
-        ("TIERGATE_TIERS", '{"standard": {"endpoints": ["ftp://x"]}, "fast": {}}',
-         "tiers.standard.endpoints"),
+        (
+            "TIERGATE_TIERS",
+            '{"standard": {"endpoints": ["ftp://x"]}, "fast": {}}',
+            "tiers.standard.endpoints",
+        ),
         ("TIERGATE_TIERS", '{"standard": {}}', "missing pool for fast"),
     ],
 )
@@ -71,7 +74,9 @@ def test_cli_stops_with_the_setting_named() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tiergate", "backend", "--tier", "fast", "--dry-run"],
         env={"TIERGATE_GATEWAY__PORT": "-5", "PATH": "/usr/bin"},
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 2
     assert "gateway.port" in proc.stderr

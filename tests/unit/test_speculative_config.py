@@ -11,8 +11,7 @@ ADAPTER: TypeAdapter[SpeculativeConfig] = TypeAdapter(SpeculativeConfig)
 def test_ngram_renders_for_vllm() -> None:
     cfg = ADAPTER.validate_python({"method": "ngram", "num_speculative_tokens": 3})
     assert to_vllm_json(cfg) == (
-        '{"num_speculative_tokens":3,"method":"ngram","prompt_lookup_max":4,'
-        '"prompt_lookup_min":2}'
+        '{"num_speculative_tokens":3,"method":"ngram","prompt_lookup_max":4,"prompt_lookup_min":2}'
     )
 
 

@@ -10,8 +10,15 @@ from tiergate.tiers import Tier, UnknownTierError, parse_requested_tier
 
 @pytest.mark.parametrize(
     ("word", "tier"),
-    [("priority", Tier.FAST), ("fast", Tier.FAST), ("default", Tier.STANDARD),
-     ("standard", Tier.STANDARD), ("flex", Tier.STANDARD), ("auto", None), (" FAST ", Tier.FAST)],
+    [
+        ("priority", Tier.FAST),
+        ("fast", Tier.FAST),
+        ("default", Tier.STANDARD),
+        ("standard", Tier.STANDARD),
+        ("flex", Tier.STANDARD),
+        ("auto", None),
+        (" FAST ", Tier.FAST),
+    ],
 )
 def test_tier_words(word: str, tier: Tier | None) -> None:
     assert parse_requested_tier(word) is tier
@@ -34,7 +41,9 @@ def test_field_header_and_policy() -> None:
     assert _inspect({"model": "m", "service_tier": "auto"}, "fast") == (Tier.FAST, "header")
     # The field wins over the header.
     assert _inspect({"model": "m", "service_tier": "default"}, "fast") == (
-        Tier.STANDARD, "requested")
+        Tier.STANDARD,
+        "requested",
+    )
 
 
 @pytest.mark.parametrize(
@@ -44,7 +53,9 @@ def test_field_header_and_policy() -> None:
 def test_fast_refused_features_go_to_standard(extra: dict[str, object]) -> None:
     assert not fast_compatible(extra)
     assert _inspect({"model": "m", "service_tier": "priority", **extra}) == (
-        Tier.STANDARD, "capability")
+        Tier.STANDARD,
+        "capability",
+    )
 
 
 @pytest.mark.parametrize("extra", [{"min_p": 0}, {"min_p": None}, {"logit_bias": {}}, {}])
@@ -54,13 +65,27 @@ def test_harmless_values_stay_fast(extra: dict[str, object]) -> None:
 
 def test_upstream_body_drops_tier_and_asks_usage() -> None:
     req = inspect(
-        orjson.dumps({"model": "m", "service_tier": "fast", "stream": True, "seed": 3,
-                      "tools": [{"type": "function"}]}),
-        None, Tier.STANDARD, 64,
+        orjson.dumps(
+            {
+                "model": "m",
+                "service_tier": "fast",
+                "stream": True,
+                "seed": 3,
+                "tools": [{"type": "function"}],
+            }
+        ),
+        None,
+        Tier.STANDARD,
+        64,
     )
     sent = orjson.loads(upstream_body(req))
-    assert sent == {"model": "m", "stream": True, "seed": 3, "tools": [{"type": "function"}],
-                    "stream_options": {"include_usage": True}}
+    assert sent == {
+        "model": "m",
+        "stream": True,
+        "seed": 3,
+        "tools": [{"type": "function"}],
+        "stream_options": {"include_usage": True},
+    }
     assert not req.wants_usage
 
 
@@ -72,12 +97,24 @@ def test_prefix_key_shared_by_same_leading_prompt() -> None:
 
 
 def test_vllm_error_is_normalised() -> None:
-    err = from_upstream(400, b'{"error": {"message": "bad", "type": "BadRequestError", '
-                             b'"param": "max_tokens", "code": 400}}')
-    assert err.envelope() == {"error": {"message": "bad", "type": "invalid_request_error",
-                                        "param": "max_tokens", "code": None}}
-    old = from_upstream(404, b'{"object": "error", "message": "The model x does not exist",'
-                             b' "type": "NotFoundError", "code": 404}')
+    err = from_upstream(
+        400,
+        b'{"error": {"message": "bad", "type": "BadRequestError", '
+        b'"param": "max_tokens", "code": 400}}',
+    )
+    assert err.envelope() == {
+        "error": {
+            "message": "bad",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": None,
+        }
+    }
+    old = from_upstream(
+        404,
+        b'{"object": "error", "message": "The model x does not exist",'
+        b' "type": "NotFoundError", "code": 404}',
+    )
     assert old.envelope()["error"]["code"] == "model_not_found"
     assert from_upstream(502, b"<html>bad gateway</html>").message.startswith("<html>")
 

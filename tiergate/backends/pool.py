@@ -40,6 +40,7 @@ class TierPool:
             PrefixAffinity(routing.affinity_max_entries), routing.affinity_load_slack
         )
         self.endpoints: dict[str, Endpoint] = {}
+        self.model_names: frozenset[str] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
         for url in settings.endpoints:
             self._add(url, from_discovery=False)
@@ -83,9 +84,9 @@ class TierPool:
             if ep.url not in skip and ep.available(now) and ep.serves(model)
         ]
 
-    def choose(self, model: str, prefix_key: int | None, exclude: Iterable[str] = ()) -> (
-        Endpoint | None
-    ):
+    def choose(
+        self, model: str, prefix_key: int | None, exclude: Iterable[str] = ()
+    ) -> Endpoint | None:
         found = self.candidates(model, exclude)
         return self.router.choose(found, prefix_key) if found else None
 
@@ -121,6 +122,11 @@ class TierPool:
         for url in [u for u, ep in self.endpoints.items() if ep.from_discovery and u not in found]:
             del self.endpoints[url]
             self.router.affinity.forget(url)
+        self._refresh_model_names()
+
+    def _refresh_model_names(self) -> None:
+        # Kept as a set so that the request path checks a model name in O(1).
+        self.model_names = frozenset(name for ep in self.endpoints.values() for name in ep.models)
 
     async def _dns_loop(self) -> None:
         assert self._settings.dns is not None
@@ -149,7 +155,7 @@ class TierPool:
         except (aiohttp.ClientError, TimeoutError, OSError):
             ep.healthy = False
         if ep.healthy:
-            await asyncio.gather(self._scrape_load(ep, timeout), self._fetch_models(ep, timeout))
+            await asyncio.gather(self._scrape_load(ep), self._fetch_models(ep))
         if was_healthy != ep.healthy:
             log.warning(
                 "endpoint %s (%s) is now %s",
@@ -158,7 +164,8 @@ class TierPool:
                 "healthy" if ep.healthy else "unhealthy",
             )
 
-    async def _scrape_load(self, ep: Endpoint, timeout: aiohttp.ClientTimeout) -> None:
+    async def _scrape_load(self, ep: Endpoint) -> None:
+        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
             async with self._session.get(f"{ep.url}/metrics", timeout=timeout) as resp:
                 if resp.status == 200:
@@ -166,11 +173,13 @@ class TierPool:
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             log.debug("metrics scrape of %s failed: %s", ep.url, exc)
 
-    async def _fetch_models(self, ep: Endpoint, timeout: aiohttp.ClientTimeout) -> None:
+    async def _fetch_models(self, ep: Endpoint) -> None:
+        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
             async with self._session.get(f"{ep.url}/v1/models", timeout=timeout) as resp:
                 if resp.status == 200:
                     body = await resp.json()
                     ep.models = {m["id"]: m for m in body.get("data", []) if "id" in m}
+                    self._refresh_model_names()
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
             log.debug("model list of %s failed: %s", ep.url, exc)

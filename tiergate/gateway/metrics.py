@@ -11,7 +11,17 @@ from tiergate.tiers import Tier
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 _OVERHEAD_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
 )
 
 
@@ -49,26 +59,38 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "tiergate_requests_total", "Requests by served tier, model, endpoint path and status",
-            ["tier", "model", "path", "status"], registry=r,
+            "tiergate_requests_total",
+            "Requests by served tier, model, endpoint path and status",
+            ["tier", "model", "path", "status"],
+            registry=r,
         )
         self.latency = Histogram(
-            "tiergate_request_duration_seconds", "End-to-end request latency",
-            ["tier"], buckets=_LATENCY_BUCKETS, registry=r,
+            "tiergate_request_duration_seconds",
+            "End-to-end request latency",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.ttft = Histogram(
-            "tiergate_time_to_first_token_seconds", "Time to first token (streams)",
-            ["tier"], buckets=_LATENCY_BUCKETS, registry=r,
+            "tiergate_time_to_first_token_seconds",
+            "Time to first token (streams)",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
             "tiergate_time_per_output_token_seconds",
             "(e2e - TTFT) / (output tokens - 1), per streamed request",
-            ["tier"], buckets=_TPOT_BUCKETS, registry=r,
+            ["tier"],
+            buckets=_TPOT_BUCKETS,
+            registry=r,
         )
         self.overhead = Histogram(
             "tiergate_gateway_overhead_seconds",
             "Time spent in the gateway itself, upstream waiting excluded",
-            ["stream"], buckets=_OVERHEAD_BUCKETS, registry=r,
+            ["stream"],
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "tiergate_prompt_tokens_total", "Input tokens", ["tier", "model"], registry=r
@@ -77,26 +99,34 @@ class GatewayMetrics:
             "tiergate_completion_tokens_total", "Output tokens", ["tier", "model"], registry=r
         )
         self.retries = Counter(
-            "tiergate_retries_total", "Upstream attempts retried on another endpoint",
-            ["tier", "reason"], registry=r,
+            "tiergate_retries_total",
+            "Upstream attempts retried on another endpoint",
+            ["tier", "reason"],
+            registry=r,
         )
         self.fallbacks = Counter(
-            "tiergate_fallbacks_total", "Requests moved to the other tier",
-            ["from_tier", "to_tier", "reason"], registry=r,
+            "tiergate_fallbacks_total",
+            "Requests moved to the other tier",
+            ["from_tier", "to_tier", "reason"],
+            registry=r,
         )
         self.stream_errors = Counter(
             "tiergate_stream_errors_total",
             "Streams that broke after the first byte (client got an error event)",
-            ["tier", "reason"], registry=r,
+            ["tier", "reason"],
+            registry=r,
         )
         self.ejections = Counter(
-            "tiergate_endpoint_ejections_total", "Passive ejections after consecutive failures",
-            ["tier"], registry=r,
+            "tiergate_endpoint_ejections_total",
+            "Passive ejections after consecutive failures",
+            ["tier"],
+            registry=r,
         )
         self.client_disconnects = Counter(
             "tiergate_client_disconnects_total",
             "Requests whose client went away; the upstream request was cancelled",
-            ["tier"], registry=r,
+            ["tier"],
+            registry=r,
         )
         self.up = Gauge("tiergate_up", "1 while the gateway runs", registry=r)
         self.up.set(1)

@@ -63,17 +63,19 @@ class CompletionsProxy:
         self._settings = settings
         self._pools = pools
         self._metrics = metrics
-        self._caller = UpstreamCaller(
-            pools, session, settings.timeouts, settings.policy, metrics
-        )
+        self._caller = UpstreamCaller(pools, session, settings.timeouts, settings.policy, metrics)
 
-    def known_models(self) -> set[str]:
-        names: set[str] = set()
-        for pool in self._pools.values():
-            names.update(pool.models())
-        return names
+    def _serves(self, model: str) -> bool:
+        return any(model in pool.model_names for pool in self._pools.values())
 
     async def handle(self, request: Request, path: str) -> Response:
+        watch = _DisconnectWatch(request)
+        try:
+            return await self._handle(request, path, watch)
+        finally:
+            watch.close()
+
+    async def _handle(self, request: Request, path: str, watch: _DisconnectWatch) -> Response:
         timing = _Timing(started=time.perf_counter())
         request_id = request.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
         base_headers = {"x-request-id": request_id}
@@ -86,14 +88,16 @@ class CompletionsProxy:
                 self._settings.policy.auto_tier,
                 self._settings.routing.prefix_chars,
             )
-            fields.update(model=req.model, stream=req.stream, tier_requested=req.choice.tier.value,
-                          tier_reason=req.choice.reason)
+            fields.update(
+                model=req.model,
+                stream=req.stream,
+                tier_requested=req.choice.tier.value,
+                tier_reason=req.choice.reason,
+            )
             self._check_model(req.model)
             body = upstream_body(req)
             timing.upstream_started = time.perf_counter()
-            opened = await self._race_disconnect(
-                request, self._caller.open(req, path, body, request_id)
-            )
+            opened = await watch.race(self._caller.open(req, path, body, request_id))
         except OpenAIError as err:
             return self._refuse(err, base_headers, fields, timing, path)
         except (_ClientGone, ClientDisconnect):
@@ -107,19 +111,24 @@ class CompletionsProxy:
         }
         if opened.fallback:
             headers["x-tiergate-fallback"] = "true"
-        fields.update(tier=opened.tier.value, endpoint=opened.endpoint.url,
-                      attempts=opened.attempts, fallback=opened.fallback)
+        fields.update(
+            tier=opened.tier.value,
+            endpoint=opened.endpoint.url,
+            attempts=opened.attempts,
+            fallback=opened.fallback,
+        )
         if opened.response.status != 200:
             return await self._upstream_error(opened, headers, fields, timing, path, req)
         if req.stream:
+            watch.close()  # the streaming response watches for the disconnect from here on
             return self._stream(opened, req, headers, fields, timing, path)
-        return await self._complete(request, opened, req, headers, fields, timing, path)
+        return await self._complete(watch, opened, req, headers, fields, timing, path)
 
     # -- non-streaming ---------------------------------------------------------------------
 
     async def _complete(
         self,
-        request: Request,
+        watch: _DisconnectWatch,
         opened: Opened,
         req: InspectedRequest,
         headers: dict[str, str],
@@ -129,7 +138,7 @@ class CompletionsProxy:
     ) -> Response:
         tier = opened.tier
         try:
-            raw = await self._race_disconnect(request, opened.response.read())
+            raw = await watch.race(opened.response.read())
         except (_ClientGone, ClientDisconnect):
             opened.release()
             self._metrics.client_disconnects.labels(tier.value).inc()
@@ -202,8 +211,9 @@ class CompletionsProxy:
                     fields["tpot_ms"] = round(tpot * 1000.0, 3)
             status = 499 if result.cancelled else 200
             overhead = timing.gateway_ms() / 1000.0 + result.processing_seconds
-            self._finish(fields, timing, path, tier, req.model, status, overhead=overhead,
-                         stream=True)
+            self._finish(
+                fields, timing, path, tier, req.model, status, overhead=overhead, stream=True
+            )
 
         body = relay_events(
             opened,
@@ -236,9 +246,9 @@ class CompletionsProxy:
         return b"".join(chunks)
 
     def _check_model(self, model: str) -> None:
-        known = self.known_models()
-        if model in known:
+        if self._serves(model):
             return
+        known = set().union(*(pool.model_names for pool in self._pools.values()))
         if not known:
             raise OpenAIError(
                 503,
@@ -252,26 +262,6 @@ class CompletionsProxy:
             param="model",
             code="model_not_found",
         )
-
-    async def _race_disconnect(self, request: Request, work: Awaitable[T]) -> T:
-        """Await ``work`` unless the client disconnects first; then cancel it, which closes
-        the upstream connection and makes vLLM abort the request."""
-        task = asyncio.ensure_future(work)
-        watch = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            opened = await task
-            if isinstance(opened, Opened):
-                opened.release()
-        raise _ClientGone
 
     async def _upstream_error(
         self,
@@ -302,8 +292,9 @@ class CompletionsProxy:
         model: str | None = None,
     ) -> Response:
         fields["error"] = err.code or err.type
-        self._finish(fields, timing, path, tier, model or fields.get("model"), err.status,
-                     overhead=None)
+        self._finish(
+            fields, timing, path, tier, model or fields.get("model"), err.status, overhead=None
+        )
         return err.to_response(headers)
 
     def _count_tokens(self, tier: Tier, model: str, usage: dict[str, Any]) -> None:
@@ -329,7 +320,7 @@ class CompletionsProxy:
         elapsed = time.perf_counter() - timing.started
         tier_label = tier.value if tier is not None else "none"
         # Only validated model names become label values, so the label set stays bounded.
-        model_label = model if model is not None and model in self.known_models() else "unknown"
+        model_label = model if model is not None and self._serves(model) else "unknown"
         self._metrics.requests.labels(tier_label, model_label, path, str(status)).inc()
         if tier is not None and status < 400:
             self._metrics.latency.labels(tier_label).observe(elapsed)
@@ -341,8 +332,36 @@ class CompletionsProxy:
             log.info("request", extra={"fields": fields})
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+class _DisconnectWatch:
+    """Races work against the client going away; then cancels the work, which closes the
+    upstream connection and makes vLLM abort the request. One watcher task per request."""
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._watcher: asyncio.Future[None] | None = None
+
+    async def race(self, work: Awaitable[T]) -> T:
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._wait())
+        task = asyncio.ensure_future(work)
+        pending: set[asyncio.Future[Any]] = {task, self._watcher}
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            opened = await task
+            if isinstance(opened, Opened):
+                opened.release()
+        raise _ClientGone
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    async def _wait(self) -> None:
+        while True:
+            message = await self._request.receive()
+            if message["type"] == "http.disconnect":
+                return

@@ -76,9 +76,7 @@ class UpstreamCaller:
             tiers.append(other)
         return tiers
 
-    async def open(
-        self, req: InspectedRequest, path: str, body: bytes, request_id: str
-    ) -> Opened:
+    async def open(self, req: InspectedRequest, path: str, body: bytes, request_id: str) -> Opened:
         headers = {"content-type": "application/json", "x-request-id": request_id}
         last_error: OpenAIError | None = None
         attempts = 0
@@ -89,7 +87,9 @@ class UpstreamCaller:
                 self._metrics.fallbacks.labels(tiers[0].value, tier.value, reason).inc()
                 log.warning(
                     "falling back from %s to %s: %s",
-                    tiers[0].value, tier.value, last_error.message if last_error else reason,
+                    tiers[0].value,
+                    tier.value,
+                    last_error.message if last_error else reason,
                 )
             tried: list[str] = []
             for _ in range(self._policy.max_attempts):

@@ -70,7 +70,7 @@ def prepare_embedded_model(out_dir: Path, dtype: str = "bfloat16") -> Path:
         del config.quantization_config
     _say("2/4 copying weights into a plain model")
     torch_dtype = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)  # type: ignore[no-untyped-call]
     model.load_state_dict(loaded.state_dict())
     model = model.to(torch_dtype)
     tmp = out_dir.with_name(out_dir.name + ".partial")
@@ -80,9 +80,7 @@ def prepare_embedded_model(out_dir: Path, dtype: str = "bfloat16") -> Path:
     tokenizer.save_pretrained(tmp)
     _say("4/4 hashing the source")
     (tmp / MARKER).write_text(
-        json.dumps(
-            {"source": str(gguf), "sha256": sha256_of(gguf), "dtype": dtype}, indent=2
-        )
+        json.dumps({"source": str(gguf), "sha256": sha256_of(gguf), "dtype": dtype}, indent=2)
         + "\n"
     )
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -1,0 +1,71 @@
+"""ZeroCostFakeBackend: a fake vLLM-compatible streaming server for the gateway benchmark.
+
+It streams ``chunks`` SSE events ``gap_ms`` apart and does nothing else, so that what the
+benchmark sees through the gateway is the gateway's own cost. Run as
+``python -m tiergate.bench.fake_backend PORT CHUNKS GAP_MS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from aiohttp import web
+
+MODEL = "bench-model"
+
+
+def build_app(chunks: int, gap_ms: float) -> web.Application:
+    chunk = json.dumps(
+        {
+            "id": "b",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
+        }
+    ).encode()
+    usage = json.dumps(
+        {
+            "id": "b",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": MODEL,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": chunks, "total_tokens": chunks + 1},
+        }
+    ).encode()
+    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1}]}
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def list_models(request: web.Request) -> web.Response:
+        return web.json_response(models)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(chunks):
+            if i:
+                await asyncio.sleep(gap_ms / 1000.0)
+            await resp.write(b"data: " + chunk + b"\n\n")
+        await resp.write(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/chat/completions", stream)
+    return app
+
+
+if __name__ == "__main__":
+    port, chunks, gap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    web.run_app(build_app(chunks, gap), host="127.0.0.1", port=port, access_log=None, print=None)
