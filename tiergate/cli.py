@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -105,5 +104,4 @@ def bench_gateway(
 
 
 def main() -> None:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(app())

@@ -243,21 +243,24 @@ def run_gateway_benchmark(out: Path, duration: float) -> dict[str, Any]:
                 ]
             )
         )
-        procs.append(
-            subprocess.Popen(
-                [
-                    "taskset",
-                    "-c",
-                    "1",
-                    sys.executable,
-                    "-m",
-                    "tiergate.bench.fake_backend",
-                    str(stream_port),
-                    str(STREAM_CHUNKS),
-                    str(STREAM_GAP_MS),
-                ]
+        with (workdir / "fake.log").open("wb") as fake_log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "taskset",
+                        "-c",
+                        "1",
+                        sys.executable,
+                        "-m",
+                        "tiergate.bench.fake_backend",
+                        str(stream_port),
+                        str(STREAM_CHUNKS),
+                        str(STREAM_GAP_MS),
+                    ],
+                    stdout=fake_log,
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
         env = dict(os.environ)
         env.update(
             {
@@ -325,6 +328,12 @@ def run_gateway_benchmark(out: Path, duration: float) -> dict[str, Any]:
             f"    chunk lateness p50 direct {st['direct']['chunk_lateness_ms']['p50']:.3f} ms, "
             f"gateway {st['gateway']['chunk_lateness_ms']['p50']:.3f} ms"
         )
+    except BaseException:
+        for name in ("gateway.log", "fake.log"):
+            tail = (workdir / name).read_text(errors="replace")[-2000:]
+            _say(f"failed; {name} ends with:\n{tail}")
+        _say("exit codes: " + ", ".join(str(p.poll()) for p in procs))
+        raise
     finally:
         for proc in procs:
             proc.terminate()
@@ -337,10 +346,9 @@ def run_gateway_benchmark(out: Path, duration: float) -> dict[str, Any]:
     return results
 
 
-def _row(label: str, direct: float, gateway: float, digits: int = 3) -> str:
-    return (
-        f"| {label} | {direct:.{digits}f} | {gateway:.{digits}f} | {gateway - direct:.{digits}f} |"
-    )
+def _row(label: str, direct: float, gateway: float, digits: int = 3, added: bool = True) -> str:
+    diff = f"{gateway - direct:.{digits}f}" if added else ""
+    return f"| {label} | {direct:.{digits}f} | {gateway:.{digits}f} | {diff} |"
 
 
 def render_markdown(r: dict[str, Any]) -> str:
@@ -370,6 +378,7 @@ def render_markdown(r: dict[str, Any]) -> str:
                 s["direct"]["rps"],
                 s["gateway"]["rps"],
                 0,
+                added=False,
             ),
             _row(
                 "non-streaming saturation, p50 latency (ms)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from starlette.responses import Response
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.proxy import CompletionsProxy
 from tiergate.settings import Settings
@@ -61,9 +63,9 @@ def create_app(settings: Settings) -> FastAPI:
             for tier in Tier
         }
         metrics = GatewayMetrics(pools)
-        app.state.gateway = GatewayState(
-            settings, session, pools, metrics, CompletionsProxy(settings, pools, session, metrics)
-        )
+        access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
+        proxy = CompletionsProxy(settings, pools, session, metrics, access_log)
+        app.state.gateway = GatewayState(settings, session, pools, metrics, proxy)
         for pool in pools.values():
             await pool.start()
         log.info(
@@ -76,6 +78,8 @@ def create_app(settings: Settings) -> FastAPI:
             for pool in pools.values():
                 await pool.stop()
             await session.close()
+            if access_log is not None:
+                access_log.flush()
 
     app = FastAPI(
         title="tiergate",

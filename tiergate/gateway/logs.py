@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -35,3 +37,41 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class AccessLog:
+    """One JSON line per request, written in batches.
+
+    Lines are buffered and written at most ``flush_seconds`` after the first unwritten one,
+    so that a busy gateway does not pay a write system call (and the logging module's
+    record machinery) per request. Created per app; flushed when the app stops.
+    """
+
+    def __init__(self, stream: BinaryIO, flush_seconds: float = 0.2) -> None:
+        self._stream = stream
+        self._flush_seconds = flush_seconds
+        self._lines: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def write(self, fields: dict[str, Any]) -> None:
+        now = time.time()
+        entry = {"ts": _iso(now), "level": "info", "logger": "tiergate.access", **fields}
+        self._lines.append(orjson.dumps(entry, default=str) + b"\n")
+        if self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._timer = loop.call_later(self._flush_seconds, self.flush)
+
+    def flush(self) -> None:
+        self._timer = None
+        if self._lines:
+            data, self._lines = b"".join(self._lines), []
+            self._stream.write(data)
+            self._stream.flush()
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
+import itertools
 import time
 import uuid
 from collections.abc import Awaitable
@@ -18,6 +17,7 @@ from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.errors import OpenAIError, from_upstream
+from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.selection import (
     TIER_HEADER,
@@ -30,8 +30,6 @@ from tiergate.gateway.upstream import Opened, UpstreamCaller
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
-log = logging.getLogger("tiergate.access")
-
 T = TypeVar("T")
 
 OVERHEAD_HEADER = "x-tiergate-overhead-ms"
@@ -39,6 +37,17 @@ OVERHEAD_HEADER = "x-tiergate-overhead-ms"
 
 class _ClientGone(Exception):
     pass
+
+
+class _RequestIds:
+    """Unique request ids: a random per-process prefix and a counter (cheaper than uuid4)."""
+
+    def __init__(self) -> None:
+        self._prefix = f"req_{uuid.uuid4().hex[:12]}"
+        self._count = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):012x}"
 
 
 @dataclass(slots=True)
@@ -59,10 +68,13 @@ class CompletionsProxy:
         pools: dict[Tier, TierPool],
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
+        access_log: AccessLog | None,
     ) -> None:
         self._settings = settings
+        self._access_log = access_log
         self._pools = pools
         self._metrics = metrics
+        self._ids = _RequestIds()
         self._caller = UpstreamCaller(pools, session, settings.timeouts, settings.policy, metrics)
 
     def _serves(self, model: str) -> bool:
@@ -77,7 +89,7 @@ class CompletionsProxy:
 
     async def _handle(self, request: Request, path: str, watch: _DisconnectWatch) -> Response:
         timing = _Timing(started=time.perf_counter())
-        request_id = request.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
+        request_id = request.headers.get("x-request-id") or self._ids.next()
         base_headers = {"x-request-id": request_id}
         fields: dict[str, Any] = {"request_id": request_id, "path": path}
         try:
@@ -327,33 +339,32 @@ class CompletionsProxy:
         if overhead is not None:
             self._metrics.overhead.labels("true" if stream else "false").observe(overhead)
             fields["overhead_ms"] = round(overhead * 1000.0, 3)
-        if self._settings.gateway.log_requests:
+        if self._access_log is not None:
             fields.update(status=status, latency_ms=round(elapsed * 1000.0, 3))
-            log.info("request", extra={"fields": fields})
+            self._access_log.write(fields)
 
 
 class _DisconnectWatch:
-    """Races work against the client going away; then cancels the work, which closes the
-    upstream connection and makes vLLM abort the request. One watcher task per request."""
+    """Cancels the request's own task when the client goes away during a :meth:`race`, which
+    closes the upstream connection and makes vLLM abort the request. One watcher task per
+    request and no extra task per await: this sits on the hot path."""
 
     def __init__(self, request: Request) -> None:
         self._request = request
-        self._watcher: asyncio.Future[None] | None = None
+        self._owner = asyncio.current_task()
+        self._watcher: asyncio.Task[None] | None = None
+        self._gone = False
 
     async def race(self, work: Awaitable[T]) -> T:
         if self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._wait())
-        task = asyncio.ensure_future(work)
-        pending: set[asyncio.Future[Any]] = {task, self._watcher}
-        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            opened = await task
-            if isinstance(opened, Opened):
-                opened.release()
-        raise _ClientGone
+            self._watcher = asyncio.create_task(self._wait())
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self._gone and self._owner is not None:
+                self._owner.uncancel()
+                raise _ClientGone from None
+            raise
 
     def close(self) -> None:
         if self._watcher is not None:
@@ -364,4 +375,7 @@ class _DisconnectWatch:
         while True:
             message = await self._request.receive()
             if message["type"] == "http.disconnect":
+                self._gone = True
+                if self._owner is not None:
+                    self._owner.cancel()
                 return
