@@ -42,5 +42,8 @@ else
   say "$VENV is up to date"
 fi
 
+say "helm (for the chart's tests)"
+bash scripts/install-helm.sh
+
 say "preparing the embedded model"
 "$VENV/bin/tiergate" model prepare

@@ -1,0 +1,206 @@
+"""The Helm chart: lint, render, validate against Kubernetes' schemas, and check what matters.
+
+The helm binary comes from scripts/install-helm.sh (run by the bootstrap); its absence is
+a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tiergate.settings import load_settings
+from tiergate.speculative.config import SpeculativeConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "tiergate"
+VALUES = sorted((CHART / "ci").glob("*.yaml"))
+K8S_VERSION = kubernetes_validate.latest_version()
+# Custom resources whose schemas kubernetes-validate does not carry; checked by hand below.
+CRDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
+
+
+def helm() -> str:
+    found = shutil.which("helm", path=str(ROOT / ".venv" / "bin")) or shutil.which("helm")
+    assert found, "helm is missing: run scripts/install-helm.sh (the bootstrap does)"
+    return found
+
+
+def render(*values: Path, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    args = [helm(), "template", "rel", str(CHART), "--namespace", "llm"]
+    for path in values:
+        args += ["-f", str(path)]
+    for item in sets:
+        args += ["--set", item]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for doc in docs:
+        if doc["kind"] == kind and doc["metadata"]["name"] == name:
+            return doc
+    raise AssertionError(f"no {kind} {name}")
+
+
+def containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for doc in docs:
+        spec = doc.get("spec", {})
+        pod = (
+            spec.get("template", {}).get("spec")
+            if doc["kind"] == "Deployment"
+            else (spec if doc["kind"] == "Pod" else None)
+        )
+        for container in (pod or {}).get("containers", []):
+            found.append((f"{doc['kind']}/{doc['metadata']['name']}", container))
+    return found
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
+def test_lint_render_and_validate(values: Path) -> None:
+    subprocess.run([helm(), "lint", str(CHART), "-f", str(values)], check=True, capture_output=True)
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CRDS:
+            assert doc["metadata"]["name"].startswith("rel-tiergate")
+            assert doc["spec"]
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_fast_tier_runs_the_quantized_checkpoint_with_speculation() -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    args = find(docs, "Deployment", "rel-tiergate-vllm-fast")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--model=/models/Llama-3.1-8B-Instruct-W4A16" in args
+    spec = json.loads(
+        next(a for a in args if a.startswith("--speculative-config=")).split("=", 1)[1]
+    )
+    assert spec == {
+        "method": "eagle3",
+        "model": "/models/EAGLE3-LLaMA3.1-Instruct-8B",
+        "num_speculative_tokens": 3,
+    }
+    # The rendered configuration is one tiergate itself accepts.
+    from pydantic import TypeAdapter
+
+    TypeAdapter(SpeculativeConfig).validate_python(spec)
+    standard = find(docs, "Deployment", "rel-tiergate-vllm-standard")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert not any(a.startswith("--speculative-config") for a in standard["args"])
+    assert standard["resources"]["limits"]["nvidia.com/gpu"] == 1
+    cpu = render(CHART / "ci" / "cpu-small.yaml")
+    cpu_fast = find(cpu, "Deployment", "rel-tiergate-vllm-fast")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert (
+        '--speculative-config={"method":"ngram","num_speculative_tokens":4,'
+        '"prompt_lookup_max":4,"prompt_lookup_min":2}' in cpu_fast["args"]
+    )
+    assert "nvidia.com/gpu" not in cpu_fast["resources"]["limits"]
+
+
+def test_gateway_configuration_lists_both_tiers_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])
+    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    settings = load_settings()
+    for tier in ("standard", "fast"):
+        dns = settings.tiers[tier].dns  # type: ignore[index]
+        assert dns is not None
+        service = find(docs, "Service", f"rel-tiergate-vllm-{tier}")
+        assert service["spec"]["clusterIP"] == "None"
+        assert dns.name == f"rel-tiergate-vllm-{tier}.llm.svc.cluster.local"
+        assert dns.port == service["spec"]["ports"][0]["port"]
+    deployment = find(docs, "Deployment", "rel-tiergate-gateway")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("vllm.tiers.fast.speculative.method=medusa", "speculative/method"),
+        ("vllm.tiers.fast.speculative.model=", "speculative"),
+        ("gateway.port=0", "gateway/port"),
+        ("jobs.kafka.cidrs[0]=kafka.local", "cidrs"),
+        ("gateway.config.policy.auto_tier=turbo", "auto_tier"),
+        ("gateway.replicaz=3", "replicaz"),
+    ],
+)
+def test_schema_refuses_wrong_values(setting: str, complaint: str) -> None:
+    proc = subprocess.run(
+        [helm(), "template", "rel", str(CHART), "--set", setting],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr and complaint in proc.stderr, proc.stderr
+
+
+def test_worker_network_policy_allows_nothing_else() -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    policy = find(docs, "NetworkPolicy", "rel-tiergate-worker")["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    assert policy["ingress"] == []
+    peers = []
+    for rule in policy["egress"]:
+        ports = sorted((p["protocol"], p["port"]) for p in rule["ports"])
+        for peer in rule["to"]:
+            if "ipBlock" in peer:
+                peers.append(("cidr", peer["ipBlock"]["cidr"], tuple(ports)))
+            else:
+                labels = peer["podSelector"]["matchLabels"]
+                who = labels.get("app.kubernetes.io/component") or labels.get("k8s-app")
+                peers.append(("pods", who, tuple(ports)))
+    assert sorted(peers) == sorted(
+        [
+            ("pods", "gateway", (("TCP", 8000),)),
+            ("cidr", "10.20.0.0/16", (("TCP", 9092),)),
+            ("cidr", "0.0.0.0/0", (("TCP", 443),)),
+            ("pods", "kube-dns", (("TCP", 53), ("UDP", 53))),
+        ]
+    )
+    worker = find(docs, "Deployment", "rel-tiergate-worker")["spec"]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] >= 600
+    assert worker["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_jobs_disabled_deploys_no_worker() -> None:
+    docs = render(CHART / "ci" / "jobs-disabled.yaml")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "rel-tiergate-worker") not in kinds
+    assert not any(kind == "NetworkPolicy" for kind, _ in kinds)
+    assert ("Deployment", "rel-tiergate-gateway") in kinds
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
+def test_every_container_is_bounded_and_hardened(values: Path) -> None:
+    for where, container in containers(render(values)):
+        resources = container.get("resources", {})
+        assert resources.get("requests") and resources.get("limits"), where
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False, where
+        assert security["capabilities"] == {"drop": ["ALL"]}, where
+        assert security["readOnlyRootFilesystem"] is True, where
