@@ -11,7 +11,7 @@ VENV=.venv
 STAMP=$VENV/.tiergate-installed
 WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 
-apt_packages=(libtcmalloc-minimal4)
+apt_packages=(libtcmalloc-minimal4 redis-server)
 [ "${TIERGATE_BENCH_TOOLS:-0}" = 1 ] && apt_packages+=(nginx-light wrk)
 missing=()
 for pkg in "${apt_packages[@]}"; do

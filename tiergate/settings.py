@@ -46,12 +46,14 @@ class DnsDiscovery(_Section):
 
 
 class PoolSettings(_Section):
-    """The endpoints of one tier: a static list, DNS discovery, or both."""
+    """The endpoints of one tier: a static list, DNS discovery, or both. Endpoints also
+    listed in ``long_context_endpoints`` serve the long-context lane only."""
 
     endpoints: list[str] = Field(default_factory=list)
     dns: DnsDiscovery | None = None
+    long_context_endpoints: list[str] = Field(default_factory=list)
 
-    @field_validator("endpoints")
+    @field_validator("endpoints", "long_context_endpoints")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
         for url in value:
@@ -88,9 +90,13 @@ class RoutingSettings(_Section):
 
 
 class PolicySettings(_Section):
-    """How tiers are chosen and when the gateway moves a request between them."""
+    """How tiers are chosen and when the gateway moves a request between them.
 
-    auto_tier: Tier = Tier.STANDARD
+    ``auto_tier`` serves ``service_tier: auto`` (and requests that name no tier): a fixed
+    tier, or ``headroom``: the fast tier while it has headroom (see admission), else standard.
+    """
+
+    auto_tier: Literal["standard", "fast", "headroom"] = "standard"
     fallback: bool = True
     max_attempts: int = Field(3, ge=1)
 
@@ -101,7 +107,80 @@ class GatewaySettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_tokens_limit: int = Field(32_768, ge=1)
     log_requests: bool = True
+
+
+class KeyLimits(_Section):
+    """A key's limits; ``None`` means unlimited."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
+
+
+class ApiKey(_Section):
+    """One API key, stored only as the SHA-256 of the key (keys are random, high-entropy
+    tokens, so a fast hash is safe; ``tiergate keys create`` makes both)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    tiers: list[Tier] = Field(default_factory=lambda: [Tier.STANDARD, Tier.FAST], min_length=1)
+    models: list[str] | None = None
+    limits: KeyLimits = Field(default_factory=KeyLimits)
+    # Higher is admitted first when a tier's admission queue is not empty.
+    priority: int = Field(0, ge=0, le=9)
+
+
+class AuthSettings(_Section):
+    """API keys as ``Authorization: Bearer``; off for the local stack."""
+
+    enabled: bool = False
+    keys: list[ApiKey] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthSettings:
+        if self.enabled and not self.keys:
+            raise ValueError("auth.enabled is true but auth.keys is empty")
+        for attr in ("name", "hash"):
+            seen = [getattr(k, attr) for k in self.keys]
+            dupes = {v for v in seen if seen.count(v) > 1}
+            if dupes:
+                raise ValueError(f"auth.keys: duplicate {attr}: {', '.join(sorted(dupes))}")
+        return self
+
+
+class LimitSettings(_Section):
+    """Where per-key limits are counted: Redis (shared by every replica) or in-process."""
+
+    redis_url: str | None = None
+    redis_timeout_seconds: float = Field(0.1, gt=0)
+    redis_retry_seconds: float = Field(5.0, gt=0)
+    chars_per_token: float = Field(4.0, gt=0)
+
+
+class TierAdmission(_Section):
+    """A tier's admission: requests in flight, and a bounded queue in front of them."""
+
+    max_concurrent: int = Field(64, ge=1)
+    max_queue: int = Field(256, ge=0)
+
+
+def _default_admission() -> dict[Tier, TierAdmission]:
+    return {tier: TierAdmission() for tier in Tier}
+
+
+class AdmissionSettings(_Section):
+    """Admission queues, ``auto`` tier choice and the long-context lane."""
+
+    tiers: dict[Tier, TierAdmission] = Field(default_factory=_default_admission)
+    queue_timeout_seconds: float = Field(30.0, gt=0)
+    # `service_tier: auto` takes the fast tier while its in-flight count is below this share
+    # of its max_concurrent and its queue is empty.
+    auto_fast_headroom: float = Field(0.8, gt=0, le=1)
+    long_context_tokens: int = Field(4096, ge=1)
+    # Per tier, when no endpoint is designated for long context.
+    long_context_max_concurrent: int = Field(4, ge=1)
 
 
 class TierProfile(_Section):
@@ -163,6 +242,9 @@ class Settings(BaseSettings):
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TIERGATE_POLICY__AUTO_TIER", "fast")
     s = load_settings()
     assert s.gateway.port == 9001
-    assert s.policy.auto_tier is Tier.FAST
+    assert s.policy.auto_tier == "fast"
 
 
 def test_yaml_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -42,7 +42,10 @@ class TierPool:
         self.endpoints: dict[str, Endpoint] = {}
         self.model_names: frozenset[str] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
-        for url in settings.endpoints:
+        # Endpoints designated for long prompts serve only those, so that a flood of long
+        # prompts cannot occupy the engines that short requests need.
+        self.long_context = frozenset(settings.long_context_endpoints)
+        for url in [*settings.endpoints, *settings.long_context_endpoints]:
             self._add(url, from_discovery=False)
 
     def _add(self, url: str, *, from_discovery: bool) -> None:
@@ -75,19 +78,30 @@ class TierPool:
 
     # -- choice ----------------------------------------------------------------------------
 
-    def candidates(self, model: str, exclude: Iterable[str] = ()) -> list[Endpoint]:
+    def candidates(
+        self, model: str, exclude: Iterable[str] = (), long_prompt: bool = False
+    ) -> list[Endpoint]:
         now = time.monotonic()
         skip = set(exclude)
-        return [
+        found = [
             ep
             for ep in self.endpoints.values()
             if ep.url not in skip and ep.available(now) and ep.serves(model)
         ]
+        if self.long_context:
+            lane = [ep for ep in found if (ep.url in self.long_context) == long_prompt]
+            # A lane with no available endpoint borrows the other lane's rather than fail.
+            return lane or found
+        return found
 
     def choose(
-        self, model: str, prefix_key: int | None, exclude: Iterable[str] = ()
+        self,
+        model: str,
+        prefix_key: int | None,
+        exclude: Iterable[str] = (),
+        long_prompt: bool = False,
     ) -> Endpoint | None:
-        found = self.candidates(model, exclude)
+        found = self.candidates(model, exclude, long_prompt)
         return self.router.choose(found, prefix_key) if found else None
 
     def has_available(self) -> bool:

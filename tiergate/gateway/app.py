@@ -19,9 +19,12 @@ from starlette.responses import Response
 
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
+from tiergate.gateway.admission import Admission
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
-from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
 from tiergate.gateway.proxy import CompletionsProxy
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
@@ -38,6 +41,7 @@ class GatewayState:
     pools: dict[Tier, TierPool]
     metrics: GatewayMetrics
     proxy: CompletionsProxy
+    gatekeeper: Gatekeeper
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -63,9 +67,16 @@ def create_app(settings: Settings) -> FastAPI:
             for tier in Tier
         }
         metrics = GatewayMetrics(pools)
+        limiter = Limiter(settings.limits)
+        admission = Admission(
+            settings.admission,
+            {tier: bool(settings.tiers[tier].long_context_endpoints) for tier in Tier},
+        )
+        metrics.registry.register(AdmissionCollector(admission, limiter))
+        gatekeeper = Gatekeeper(settings, limiter, admission, metrics)
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
-        proxy = CompletionsProxy(settings, pools, session, metrics, access_log)
-        app.state.gateway = GatewayState(settings, session, pools, metrics, proxy)
+        proxy = CompletionsProxy(settings, pools, session, metrics, gatekeeper, access_log)
+        app.state.gateway = GatewayState(settings, session, pools, metrics, proxy, gatekeeper)
         for pool in pools.values():
             await pool.start()
         log.info(
@@ -78,6 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
             for pool in pools.values():
                 await pool.stop()
             await session.close()
+            await limiter.close()
             if access_log is not None:
                 access_log.flush()
 
@@ -120,12 +132,19 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/models", tags=["openai"])
     async def list_models(request: Request) -> Response:
-        """Models served by any tier, each with the tiers that serve it."""
-        return _json({"object": "list", "data": _model_cards(_state(request))})
+        """Models served by any tier (that the key may use), each with the tiers serving it."""
+        state = _state(request)
+        caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
+        cards = [c for c in _model_cards(state) if caller.may_use_model(c["id"])]
+        return _json({"object": "list", "data": cards})
 
     @app.get("/v1/models/{model_id:path}", tags=["openai"])
     async def get_model(model_id: str, request: Request) -> Response:
-        for card in _model_cards(_state(request)):
+        state = _state(request)
+        caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
+        for card in _model_cards(state):
+            if not caller.may_use_model(card["id"]):
+                continue
             if card["id"] == model_id:
                 return _json(card)
         raise OpenAIError(

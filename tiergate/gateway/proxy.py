@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.errors import OpenAIError, from_upstream
+from tiergate.gateway.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.selection import (
@@ -68,9 +69,11 @@ class CompletionsProxy:
         pools: dict[Tier, TierPool],
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
+        gatekeeper: Gatekeeper,
         access_log: AccessLog | None,
     ) -> None:
         self._settings = settings
+        self._gatekeeper = gatekeeper
         self._access_log = access_log
         self._pools = pools
         self._metrics = metrics
@@ -82,45 +85,61 @@ class CompletionsProxy:
 
     async def handle(self, request: Request, path: str) -> Response:
         watch = _DisconnectWatch(request)
+        response: Response | None = None
+        lease: Lease | None = None
         try:
-            return await self._handle(request, path, watch)
+            response, lease = await self._handle(request, path, watch)
+            return response
         finally:
             watch.close()
+            # A stream's lease ends with the stream; every other one ends here at the latest.
+            if lease is not None and not isinstance(response, EventStreamResponse):
+                lease.end(None)
 
-    async def _handle(self, request: Request, path: str, watch: _DisconnectWatch) -> Response:
+    async def _handle(
+        self, request: Request, path: str, watch: _DisconnectWatch
+    ) -> tuple[Response, Lease | None]:
         timing = _Timing(started=time.perf_counter())
         request_id = request.headers.get("x-request-id") or self._ids.next()
-        base_headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id}
         fields: dict[str, Any] = {"request_id": request_id, "path": path}
+        lease: Lease | None = None
         try:
+            caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
+            fields["key"] = caller.name
             raw = await self._read_body(request)
             req = inspect(
                 raw,
                 request.headers.get(TIER_HEADER),
-                self._settings.policy.auto_tier,
+                Tier.FAST if self._settings.policy.auto_tier == "fast" else Tier.STANDARD,
                 self._settings.routing.prefix_chars,
+                self._settings.gateway.max_tokens_limit,
             )
-            fields.update(
-                model=req.model,
-                stream=req.stream,
-                tier_requested=req.choice.tier.value,
-                tier_reason=req.choice.reason,
-            )
+            fields.update(model=req.model, stream=req.stream)
             self._check_model(req.model)
+            req.choice.tier = self._gatekeeper.choose_tier(caller, req)
+            req.allowed_tiers = frozenset(t for t in Tier if caller.may_use_tier(t))
+            fields.update(tier_requested=req.choice.tier.value, tier_reason=req.choice.reason)
+            lease = await watch.race(
+                self._gatekeeper.admit(caller, req, req.choice.tier, request_id)
+            )
+            headers.update(lease.headers)
+            req.long_prompt = self._gatekeeper.admission.is_long(lease.estimate)
             body = upstream_body(req)
             timing.upstream_started = time.perf_counter()
             opened = await watch.race(self._caller.open(req, path, body, request_id))
         except OpenAIError as err:
-            return self._refuse(err, base_headers, fields, timing, path)
+            return self._refuse(err, headers, fields, timing, path), lease
         except (_ClientGone, ClientDisconnect):
             self._metrics.client_disconnects.labels("none").inc()
-            return Response(status_code=499)
-        headers = {
-            **base_headers,
-            "x-tiergate-tier": opened.tier.value,
-            "x-tiergate-tier-reason": "fallback" if opened.fallback else req.choice.reason,
-            OVERHEAD_HEADER: f"{timing.gateway_ms():.3f}",
-        }
+            return Response(status_code=499), lease
+        headers.update(
+            {
+                "x-tiergate-tier": opened.tier.value,
+                "x-tiergate-tier-reason": "fallback" if opened.fallback else req.choice.reason,
+                OVERHEAD_HEADER: f"{timing.gateway_ms():.3f}",
+            }
+        )
         if opened.fallback:
             headers["x-tiergate-fallback"] = "true"
         fields.update(
@@ -130,11 +149,11 @@ class CompletionsProxy:
             fallback=opened.fallback,
         )
         if opened.response.status != 200:
-            return await self._upstream_error(opened, headers, fields, timing, path, req)
+            return await self._upstream_error(opened, headers, fields, timing, path, req), lease
         if req.stream:
             watch.close()  # the streaming response watches for the disconnect from here on
-            return self._stream(opened, req, headers, fields, timing, path)
-        return await self._complete(watch, opened, req, headers, fields, timing, path)
+            return self._stream(opened, req, headers, fields, timing, path, lease), lease
+        return await self._complete(watch, opened, req, headers, fields, timing, path, lease), lease
 
     # -- non-streaming ---------------------------------------------------------------------
 
@@ -147,6 +166,7 @@ class CompletionsProxy:
         fields: dict[str, Any],
         timing: _Timing,
         path: str,
+        lease: Lease,
     ) -> Response:
         tier = opened.tier
         try:
@@ -176,6 +196,7 @@ class CompletionsProxy:
             usage = data.get("usage")
             if isinstance(usage, dict):
                 self._count_tokens(tier, req.model, usage)
+                lease.end(usage)
             raw = orjson.dumps(data)
         overhead = timing.gateway_ms() / 1000.0 + (time.perf_counter() - received)
         headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
@@ -192,6 +213,7 @@ class CompletionsProxy:
         fields: dict[str, Any],
         timing: _Timing,
         path: str,
+        lease: Lease,
     ) -> Response:
         tier = opened.tier
         outcome = StreamOutcome()
@@ -203,6 +225,7 @@ class CompletionsProxy:
                 return
             finished = True
             opened.release()
+            lease.end(result.usage)
             if result.error is not None:
                 self._metrics.stream_errors.labels(tier.value, result.error).inc()
                 fields["stream_error"] = result.error

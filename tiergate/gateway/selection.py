@@ -32,6 +32,13 @@ class InspectedRequest:
     choice: TierChoice
     fast_compatible: bool
     prefix_key: int | None
+    prompt_chars: int
+    allowed_tiers: frozenset[Tier] = frozenset(Tier)
+    long_prompt: bool = False
+
+    @property
+    def explicit_tier(self) -> bool:
+        return self.choice.reason in ("requested", "header")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -83,28 +90,55 @@ def _requested(body: dict[str, Any], header: str | None) -> tuple[Tier | None, s
     return None, "auto"
 
 
-def prefix_key(body: dict[str, Any], chars: int) -> int | None:
-    """A key for the leading part of the prompt, for prefix-cache affinity."""
+def prompt_texts(body: dict[str, Any]) -> list[str]:
+    """The prompt's text parts: message contents (chat) or the prompt (completions)."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        parts: list[str] = []
-        size = 0
+        parts = []
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
-            text = content if isinstance(content, str) else orjson.dumps(content).decode()
-            parts.append(text)
-            size += len(text)
-            if size >= chars:
-                break
-        return hash("\x00".join(parts)[:chars])
+            if content is not None:
+                parts.append(
+                    content if isinstance(content, str) else orjson.dumps(content).decode()
+                )
+        return parts
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return hash(prompt[:chars])
-    return None
+        return [prompt]
+    if isinstance(prompt, list):
+        return [p if isinstance(p, str) else orjson.dumps(p).decode() for p in prompt]
+    return []
+
+
+def prefix_key(parts: list[str], chars: int) -> int | None:
+    """A key for the leading part of the prompt, for prefix-cache affinity."""
+    if not parts:
+        return None
+    return hash("\x00".join(parts)[:chars])
+
+
+def _check_max_tokens(body: dict[str, Any], limit: int) -> None:
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise OpenAIError(400, f"{name} must be an integer.", param=name)
+        if value > limit:
+            raise OpenAIError(
+                400,
+                f"{name} is {value}; this gateway allows at most {limit}.",
+                param=name,
+                code="max_tokens_too_large",
+            )
 
 
 def inspect(
-    raw: bytes, tier_header: str | None, auto_tier: Tier, prefix_chars: int
+    raw: bytes,
+    tier_header: str | None,
+    auto_tier: Tier,
+    prefix_chars: int,
+    max_tokens_limit: int = 1 << 30,
 ) -> InspectedRequest:
     """Validate the fields the gateway reads and decide the tier; the rest is vLLM's."""
     body = parse_body(raw)
@@ -116,10 +150,12 @@ def inspect(
         raise OpenAIError(400, "stream must be a boolean.", param="stream")
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    _check_max_tokens(body, max_tokens_limit)
     tier, reason = _requested(body, tier_header)
     if tier is None:
         tier = auto_tier
     compatible = fast_compatible(body)
+    parts = prompt_texts(body)
     if tier is Tier.FAST and not compatible:
         tier, reason = Tier.STANDARD, "capability"
     return InspectedRequest(
@@ -129,7 +165,8 @@ def inspect(
         wants_usage=wants_usage,
         choice=TierChoice(tier, reason),
         fast_compatible=compatible,
-        prefix_key=prefix_key(body, prefix_chars),
+        prefix_key=prefix_key(parts, prefix_chars),
+        prompt_chars=sum(len(p) for p in parts),
     )
 
 

@@ -8,7 +8,6 @@ the one place where upstream I/O starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -72,7 +71,8 @@ class UpstreamCaller:
         first = req.choice.tier
         tiers = [first]
         other = first.other
-        if self._policy.fallback and (other is not Tier.FAST or req.fast_compatible):
+        compatible = other is not Tier.FAST or req.fast_compatible
+        if self._policy.fallback and compatible and other in req.allowed_tiers:
             tiers.append(other)
         return tiers
 
@@ -93,7 +93,9 @@ class UpstreamCaller:
                 )
             tried: list[str] = []
             for _ in range(self._policy.max_attempts):
-                ep = self._pools[tier].choose(req.model, req.prefix_key, exclude=tried)
+                ep = self._pools[tier].choose(
+                    req.model, req.prefix_key, exclude=tried, long_prompt=req.long_prompt
+                )
                 if ep is None:
                     break
                 if tried:
@@ -164,8 +166,3 @@ def _reason(error: OpenAIError | None) -> str:
     if error is None:
         return "unknown"
     return error.code or str(error.status)
-
-
-async def close_quietly(resp: aiohttp.ClientResponse) -> None:
-    with contextlib.suppress(Exception):
-        resp.close()

@@ -1,0 +1,113 @@
+"""Who gets in and when: authentication, key permissions, per-key limits, tier admission."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiergate.gateway.admission import Admission, Ticket
+from tiergate.gateway.auth import Authenticator, Caller
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.limits import Decision, Limiter
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.selection import InspectedRequest
+from tiergate.settings import Settings
+from tiergate.tiers import Tier
+
+
+@dataclass(slots=True)
+class Lease:
+    """What one admitted request holds: a limits decision and admission slots. Ended exactly
+    once, with the usage the backend reported, when the response (or stream) ends."""
+
+    caller: Caller
+    limiter: Limiter
+    request_id: str
+    estimate: int
+    decision: Decision | None = None
+    ticket: Ticket | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    _ended: bool = False
+
+    def end(self, usage: dict[str, Any] | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self.ticket is not None:
+            self.ticket.release()
+        if self.decision is not None and self.decision.allowed:
+            total = usage.get("total_tokens") if usage else None
+            correction = int(total) - self.estimate if isinstance(total, int) else 0
+            self.limiter.settle(self.caller.name, correction, self.request_id, self.decision.shared)
+
+
+class Gatekeeper:
+    """Applies, in order: the key (401), its models and tiers (403), its limits (429), and
+    the chosen tier's admission queue (503)."""
+
+    def __init__(
+        self, settings: Settings, limiter: Limiter, admission: Admission, metrics: GatewayMetrics
+    ) -> None:
+        self._settings = settings
+        self.authenticator = Authenticator(settings.auth)
+        self.limiter = limiter
+        self.admission = admission
+        self._metrics = metrics
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        return self.authenticator.authenticate(authorization)
+
+    def choose_tier(self, caller: Caller, req: InspectedRequest) -> Tier:
+        tier = req.choice.tier
+        if req.choice.reason == "auto" and self._settings.policy.auto_tier == "headroom":
+            fast_ok = req.fast_compatible and caller.may_use_tier(Tier.FAST)
+            tier = Tier.FAST if fast_ok and self.admission.fast_has_headroom() else Tier.STANDARD
+        return self.authenticator.check_access(caller, req.model, tier, req.explicit_tier)
+
+    def estimate_tokens(self, req: InspectedRequest) -> int:
+        return max(1, math.ceil(req.prompt_chars / self._settings.limits.chars_per_token))
+
+    async def admit(
+        self, caller: Caller, req: InspectedRequest, tier: Tier, request_id: str
+    ) -> Lease:
+        estimate = self.estimate_tokens(req)
+        lease = Lease(caller, self.limiter, request_id, estimate)
+        key = caller.key
+        if key is not None and (
+            key.limits.requests_per_minute
+            or key.limits.tokens_per_minute
+            or key.limits.max_concurrent
+        ):
+            decision = await self.limiter.admit(caller.name, key.limits, estimate, request_id)
+            lease.decision = decision
+            lease.headers = decision.headers()
+            if not decision.allowed:
+                self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
+                raise OpenAIError(
+                    429,
+                    _limit_message(decision),
+                    code="rate_limit_exceeded",
+                    type_="rate_limit_error",
+                    headers=lease.headers,
+                )
+        try:
+            lease.ticket = await self.admission.admit(
+                tier, caller.priority, self.admission.is_long(estimate)
+            )
+        except OpenAIError as err:
+            lease.end()
+            self._metrics.admission_rejected.labels(tier.value).inc()
+            err.headers = {**lease.headers, **err.headers}
+            raise
+        self._metrics.queue_wait.labels(tier.value).observe(lease.ticket.waited_seconds)
+        return lease
+
+
+def _limit_message(decision: Decision) -> str:
+    what = {
+        "requests": f"requests per minute ({decision.limits.requests_per_minute})",
+        "tokens": f"tokens per minute ({decision.limits.tokens_per_minute})",
+        "concurrency": f"concurrent requests ({decision.limits.max_concurrent})",
+    }.get(decision.reason, decision.reason)
+    return f"Rate limit reached for {what}. Retry after the time in the retry-after header."
