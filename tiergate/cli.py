@@ -16,7 +16,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 model_app = typer.Typer(no_args_is_help=True, help="Prepare the embedded default model.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print figures and reports.")
 app.add_typer(model_app, name="model")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(keys_app, name="keys")
 
 
 def _settings() -> Settings:
@@ -101,6 +103,53 @@ def bench_gateway(
     from tiergate.bench.gateway import run_gateway_benchmark
 
     run_gateway_benchmark(out, duration)
+
+
+@bench_app.command("limits")
+def bench_limits(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    requests: Annotated[int, typer.Option(help="Requests per configuration")] = 5000,
+) -> None:
+    """Per-request cost of auth and limits, in-process and with Redis."""
+    from tiergate.bench.limits import run_limits_benchmark
+
+    run_limits_benchmark(out, requests)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="The key's name (in logs and metrics)")],
+    tiers: Annotated[str, typer.Option(help="Comma-separated tiers it may use")] = "standard,fast",
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="Tokens per minute")] = None,
+    concurrent: Annotated[int | None, typer.Option(help="Concurrent requests")] = None,
+) -> None:
+    """Make a key: the key itself is printed once (to stdout); configure only its hash."""
+    import json
+
+    from tiergate.gateway.auth import new_key
+    from tiergate.settings import ApiKey
+
+    key, digest = new_key()
+    entry = ApiKey.model_validate(
+        {
+            "name": name,
+            "hash": digest,
+            "tiers": [t.strip() for t in tiers.split(",") if t.strip()],
+            "limits": {
+                "requests_per_minute": rpm,
+                "tokens_per_minute": tpm,
+                "max_concurrent": concurrent,
+            },
+        }
+    )
+    typer.echo(key)
+    typer.echo(
+        "# Give the key above to its user; it is not stored anywhere. Configuration "
+        "(auth.keys entry, YAML):",
+        err=True,
+    )
+    typer.echo("- " + json.dumps(entry.model_dump(mode="json", exclude_none=True)), err=True)
 
 
 def main() -> None:

@@ -29,6 +29,10 @@ class FakeBehaviour:
     healthy: bool = True
     running: float = 0.0
     waiting: float = 0.0
+    # A latency model: an engine with `slots` sequences at once (0: unlimited) that spends
+    # `delay_per_prompt_char` seconds per prompt character before answering.
+    slots: int = 0
+    delay_per_prompt_char: float = 0.0
 
 
 @dataclass
@@ -49,6 +53,7 @@ class FakeVllm:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
@@ -154,6 +159,11 @@ class FakeVllm:
                 )
             if b.mode == "hang":
                 await asyncio.sleep(3600)
+            if b.slots:
+                if self._slots is None:
+                    self._slots = asyncio.Semaphore(b.slots)
+                async with self._slots:
+                    await asyncio.sleep(b.delay_per_prompt_char * _prompt_chars(body))
             if not body.get("stream"):
                 await asyncio.sleep(b.chunk_delay)
                 message = {"role": "assistant", "content": "hello from fake"}
@@ -216,3 +226,8 @@ class FakeVllm:
             await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    messages = body.get("messages") or []
+    return sum(len(str(m.get("content", ""))) for m in messages) + len(str(body.get("prompt", "")))

@@ -15,16 +15,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
+from tiergate.gateway import openapi
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
+from tiergate.gateway.openapi import completion_route
 from tiergate.gateway.proxy import CompletionsProxy
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
@@ -100,6 +102,19 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
 
+    def openapi_with_served_models() -> dict[str, Any]:
+        # The request schemas carry the models served right now as examples, so that the
+        # description (and a fuzzer reading it) can reach the backends.
+        schema = FastAPI.openapi(app)
+        state: GatewayState | None = getattr(app.state, "gateway", None)
+        names = sorted({c["id"] for c in _model_cards(state)}) if state is not None else []
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+            body["schema"]["properties"]["model"]["examples"] = names
+        return schema
+
+    app.openapi = openapi_with_served_models  # type: ignore[method-assign]
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:
         return exc.to_response()
@@ -120,17 +135,24 @@ def create_app(settings: Settings) -> FastAPI:
         log.exception("unhandled error")
         return OpenAIError(500, "Internal gateway error.", code="internal_error").to_response()
 
-    @app.post("/v1/chat/completions", tags=["openai"])
+    @app.post("/v1/chat/completions", tags=["openai"], **completion_route(openapi.CHAT_REQUEST))
     async def chat_completions(request: Request) -> Response:
         """OpenAI chat completions; ``service_tier`` or ``X-Tiergate-Tier`` picks the tier."""
         return await _state(request).proxy.handle(request, "/v1/chat/completions")
 
-    @app.post("/v1/completions", tags=["openai"])
+    @app.post("/v1/completions", tags=["openai"], **completion_route(openapi.COMPLETION_REQUEST))
     async def completions(request: Request) -> Response:
         """OpenAI (legacy) completions; the tier is chosen as for chat."""
         return await _state(request).proxy.handle(request, "/v1/completions")
 
-    @app.get("/v1/models", tags=["openai"])
+    @app.get(
+        "/v1/models",
+        tags=["openai"],
+        responses={
+            200: openapi.json_response(openapi.MODEL_LIST, "Models"),
+            **openapi.error_responses("401"),
+        },
+    )
     async def list_models(request: Request) -> Response:
         """Models served by any tier (that the key may use), each with the tiers serving it."""
         state = _state(request)
@@ -138,7 +160,14 @@ def create_app(settings: Settings) -> FastAPI:
         cards = [c for c in _model_cards(state) if caller.may_use_model(c["id"])]
         return _json({"object": "list", "data": cards})
 
-    @app.get("/v1/models/{model_id:path}", tags=["openai"])
+    @app.get(
+        "/v1/models/{model_id:path}",
+        tags=["openai"],
+        responses={
+            200: openapi.json_response(openapi.MODEL_CARD, "A model"),
+            **openapi.error_responses("401", "404"),
+        },
+    )
     async def get_model(model_id: str, request: Request) -> Response:
         state = _state(request)
         caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
@@ -156,7 +185,11 @@ def create_app(settings: Settings) -> FastAPI:
         """Liveness: the process answers."""
         return _json({"status": "ok"})
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        responses={503: {"description": "A tier has no healthy endpoint and no fallback"}},
+    )
     async def readyz(request: Request) -> Response:
         """Readiness: every tier has a healthy endpoint, or can fall back to one that has."""
         state = _state(request)
@@ -165,7 +198,12 @@ def create_app(settings: Settings) -> FastAPI:
         ready = all(ok or (fallback and tiers[Tier(t).other.value]) for t, ok in tiers.items())
         return _json({"ready": ready, "tiers": tiers}, 200 if ready else 503)
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
+    )
     async def metrics(request: Request) -> Response:
         registry = _state(request).metrics.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,148 @@
+"""Limits shared by two gateway processes through a real Redis, and what happens when
+Redis goes away (the gateways keep serving with local limits and say so)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.fault.helpers import metric_value
+from tests.servers import free_port
+from tiergate.gateway.auth import new_key
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is missing: scripts/bootstrap.sh installs it"
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        import socket
+
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+def _start_gateway(config: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "TIERGATE_CONFIG": str(config), "TIERGATE_GATEWAY__PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiergate", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz").status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "gateway did not become ready"
+        time.sleep(0.1)
+
+
+def test_limit_holds_across_two_gateways_and_survives_redis_loss(
+    fakes: list[FakeVllm], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    key, digest = new_key()
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": {
+                    "standard": {"endpoints": [fakes[0].url]},
+                    "fast": {"endpoints": [fakes[2].url]},
+                },
+                "health": {"interval_seconds": 0.5},
+                "auth": {
+                    "enabled": True,
+                    "keys": [
+                        {"name": "shared", "hash": digest, "limits": {"requests_per_minute": 6}}
+                    ],
+                },
+                "limits": {"redis_url": redis_server.url, "redis_retry_seconds": 60},
+                "gateway": {"log_requests": False},
+            }
+        )
+    )
+    gateways = [_start_gateway(config) for _ in range(2)]
+    try:
+        headers = {"authorization": f"Bearer {key}"}
+        codes = []
+        for i in range(8):
+            base = gateways[i % 2][1]
+            codes.append(
+                httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers).status_code
+            )
+        # Six per minute in all, whichever gateway is asked: each alone would allow six.
+        assert codes == [200] * 6 + [429, 429]
+        for _, base in gateways:
+            assert metric_value(base, "tiergate_ratelimit_redis_up") == 1
+
+        redis_server.stop()
+        for _, base in gateways:
+            resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers)
+            # Each replica now counts alone, from a full bucket: it serves.
+            assert resp.status_code == 200, resp.text
+            assert metric_value(base, "tiergate_ratelimit_redis_up") == 0
+            unauthenticated = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
+            assert unauthenticated.status_code == 401
+    finally:
+        logs = []
+        for proc, _ in gateways:
+            proc.terminate()
+            _, err = proc.communicate(timeout=10)
+            logs.append(err.decode())
+    assert any("redis unreachable" in log for log in logs)

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiergate.gateway.admission import Gate
+from tiergate.gateway.auth import Authenticator, hash_key, new_key
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.limits import LocalLimiter, duration
+from tiergate.settings import AuthSettings, KeyLimits
+from tiergate.tiers import Tier
+
+
+def test_duration_format() -> None:
+    assert duration(12) == "12ms"
+    assert duration(1500) == "1.5s"
+    assert duration(360_000) == "6m0s"
+
+
+def test_local_requests_per_minute() -> None:
+    limiter = LocalLimiter()
+    limits = KeyLimits(requests_per_minute=3)
+    results = [limiter.admit("k", limits, 1, f"r{i}") for i in range(4)]
+    assert [r.allowed for r in results] == [True, True, True, False]
+    refused = results[-1]
+    assert refused.reason == "requests"
+    assert 0 < refused.retry_after_ms <= 20_000  # one request refills in 60 s / 3
+    headers = refused.headers()
+    assert headers["x-ratelimit-limit-requests"] == "3"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert int(headers["retry-after"]) >= 1
+
+
+def test_local_tokens_are_corrected_by_usage() -> None:
+    limiter = LocalLimiter()
+    limits = KeyLimits(tokens_per_minute=1000)
+    first = limiter.admit("k", limits, 100, "a")
+    assert first.allowed and first.remaining_tokens == 900
+    limiter.settle("k", 700, "a")  # the response used 800 tokens, not the 100 estimated
+    assert not limiter.admit("k", limits, 300, "b").allowed
+    assert limiter.admit("k", limits, 150, "c").allowed
+
+
+def test_local_concurrency() -> None:
+    limiter = LocalLimiter()
+    limits = KeyLimits(max_concurrent=1)
+    assert limiter.admit("k", limits, 1, "a").allowed
+    assert limiter.admit("k", limits, 1, "b").reason == "concurrency"
+    limiter.settle("k", 0, "a")
+    assert limiter.admit("k", limits, 1, "b").allowed
+
+
+def test_keys_are_hashes_and_wrong_ones_refused() -> None:
+    key, digest = new_key()
+    assert key.startswith("tg-") and digest == hash_key(key) and key not in digest
+    auth = Authenticator(
+        AuthSettings.model_validate(
+            {
+                "enabled": True,
+                "keys": [{"name": "app", "hash": digest, "tiers": ["standard"], "models": ["m"]}],
+            }
+        )
+    )
+    caller = auth.authenticate(f"Bearer {key}")
+    assert caller.name == "app"
+    for header in (None, "Bearer nope", f"Basic {key}", key):
+        with pytest.raises(OpenAIError) as err:
+            auth.authenticate(header)
+        assert err.value.status == 401
+    with pytest.raises(OpenAIError) as denied:
+        auth.check_access(caller, "m", Tier.FAST, explicit=True)
+    assert denied.value.status == 403 and denied.value.code == "tier_not_allowed"
+    assert auth.check_access(caller, "m", Tier.FAST, explicit=False) is Tier.STANDARD
+    with pytest.raises(OpenAIError) as model:
+        auth.check_access(caller, "other", Tier.STANDARD, explicit=True)
+    assert model.value.code == "model_not_allowed"
+
+
+async def test_gate_serves_waiters_by_priority() -> None:
+    gate = Gate(capacity=1, max_queue=10)
+    await gate.enter(0, 1)
+    order: list[str] = []
+
+    async def wait(name: str, priority: int) -> None:
+        await gate.enter(priority, 5)
+        order.append(name)
+        await asyncio.sleep(0.01)
+        gate.leave()
+
+    tasks = [asyncio.create_task(wait("low", 0)), asyncio.create_task(wait("high", 9))]
+    await asyncio.sleep(0.01)
+    assert gate.queued == 2
+    gate.leave()
+    await asyncio.gather(*tasks)
+    assert order == ["high", "low"]
+    assert gate.active == 0
+
+
+async def test_gate_full_queue_and_timeout() -> None:
+    gate = Gate(capacity=1, max_queue=1)
+    await gate.enter(0, 1)
+    waiter = asyncio.create_task(gate.enter(0, 0.1))
+    await asyncio.sleep(0.01)
+    with pytest.raises(LookupError):
+        await gate.enter(0, 1)
+    with pytest.raises(TimeoutError):
+        await waiter
+    gate.leave()
+    assert gate.active == 0 and gate.try_enter()  # nothing leaked
