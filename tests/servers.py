@@ -47,9 +47,9 @@ def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> 
 
 
 @contextmanager
-def running_gateway(settings: Settings) -> Iterator[str]:
-    """Serve the gateway on a free loopback port for the duration of the block."""
-    port = free_port()
+def running_gateway(settings: Settings, port: int | None = None) -> Iterator[str]:
+    """Serve the gateway on a (free) loopback port for the duration of the block."""
+    port = port or free_port()
     config = uvicorn.Config(
         create_app(settings),
         host="127.0.0.1",

@@ -68,6 +68,20 @@ def backend(
     os.execve(cmd[0], cmd, vllm_environment(profile))
 
 
+@app.command()
+def worker() -> None:
+    """Run agent jobs from Kafka until SIGTERM (then drain)."""
+    from tiergate.gateway.logs import configure_logging
+    from tiergate.queue.worker import Worker
+
+    settings = _settings()
+    configure_logging(settings.log_level)
+    if not settings.jobs.enabled:
+        typer.echo("tiergate: jobs.enabled is false; set TIERGATE_JOBS__ENABLED=true", err=True)
+        raise typer.Exit(2)
+    Worker(settings.jobs).run_forever()
+
+
 @model_app.command("prepare")
 def model_prepare(
     out: Annotated[Path | None, typer.Option(help="Checkpoint folder")] = None,

@@ -201,6 +201,63 @@ class TierProfile(_Section):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class KafkaSettings(_Section):
+    """The job pipeline's topics on a Kafka-protocol broker."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "tiergate-jobs"
+    retry_topic: str = "tiergate-jobs-retry"
+    dead_letter_topic: str = "tiergate-jobs-dead"
+    group: str = "tiergate-workers"
+    partitions: int = Field(8, ge=1)
+    # A worker (re)joining pays about half of this before its first job (the broker holds
+    # the join); a dead worker's jobs move to another after it. Heartbeats run in a thread,
+    # so a long job does not lose its membership.
+    session_timeout_ms: int = Field(6000, ge=1000)
+    request_timeout_seconds: float = Field(5.0, gt=0)
+
+
+class StorageSettings(_Section):
+    """S3-compatible object storage for job state and artifacts."""
+
+    endpoint_url: str | None = None
+    bucket: str = "tiergate-jobs"
+    region: str = "us-east-1"
+    prefix: str = "jobs/"
+    presign_seconds: int = Field(3600, ge=60)
+
+
+class SandboxSettings(_Section):
+    """Where and how commands run (bubblewrap)."""
+
+    work_dir: str = "/var/lib/tiergate/jobs"
+    output_limit_chars: int = Field(2000, ge=100)
+    # When the worker runs as root, sandboxed commands run as this unprivileged user.
+    uid: int = 65534
+    gid: int = 65534
+
+
+class WorkerSettings(_Section):
+    concurrency: int = Field(2, ge=1, le=64)
+    drain_seconds: float = Field(60.0, ge=0)
+    max_attempts: int = Field(3, ge=1)
+    retry_backoff_seconds: float = Field(5.0, ge=0)
+    cancel_poll_seconds: float = Field(1.0, gt=0)
+    api_key: str | None = None
+    protocol: Literal["text", "tools"] = "text"
+
+
+class JobsSettings(_Section):
+    """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
+
+    enabled: bool = False
+    gateway_url: str = "http://127.0.0.1:8000"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+
 def _default_profiles() -> dict[Tier, TierProfile]:
     model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
     return {
@@ -245,6 +302,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -33,6 +33,8 @@ class FakeBehaviour:
     # `delay_per_prompt_char` seconds per prompt character before answering.
     slots: int = 0
     delay_per_prompt_char: float = 0.0
+    # Scripted assistant replies for non-streaming chat, in order; the last one repeats.
+    replies: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -166,7 +168,10 @@ class FakeVllm:
                     await asyncio.sleep(b.delay_per_prompt_char * _prompt_chars(body))
             if not body.get("stream"):
                 await asyncio.sleep(b.chunk_delay)
-                message = {"role": "assistant", "content": "hello from fake"}
+                text = "hello from fake"
+                if b.replies:
+                    text = b.replies.pop(0) if len(b.replies) > 1 else b.replies[0]
+                message = {"role": "assistant", "content": text}
                 choice = {"index": 0, "finish_reason": "stop"}
                 choice.update({"message": message} if chat else {"text": "hello from fake"})
                 return web.json_response(

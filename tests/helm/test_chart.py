@@ -204,3 +204,25 @@ def test_every_container_is_bounded_and_hardened(values: Path) -> None:
         assert security["allowPrivilegeEscalation"] is False, where
         assert security["capabilities"] == {"drop": ["ALL"]}, where
         assert security["readOnlyRootFilesystem"] is True, where
+
+
+def test_worker_and_gateway_settings_are_ones_tiergate_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])
+    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    gateway = load_settings()
+    assert gateway.jobs.enabled and gateway.jobs.kafka.bootstrap_servers.startswith("kafka-0")
+    monkeypatch.delenv("TIERGATE_CONFIG")
+    worker = find(docs, "Deployment", "rel-tiergate-worker")["spec"]["template"]["spec"]
+    for env in worker["containers"][0]["env"]:
+        if "value" in env:
+            monkeypatch.setenv(env["name"], env["value"])
+    settings = load_settings()
+    assert settings.jobs.enabled
+    assert settings.jobs.storage.bucket == "acme-agent-jobs"
+    assert settings.jobs.worker.concurrency == 2
+    assert settings.jobs.gateway_url == "http://rel-tiergate-gateway:80"
+    assert settings.jobs.kafka.topic == gateway.jobs.kafka.topic

@@ -23,11 +23,14 @@ from tiergate.gateway import openapi
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.gateway.jobs import JobsAPI, register_job_routes
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
 from tiergate.gateway.openapi import completion_route
 from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.queue.pipeline import JobQueue
+from tiergate.queue.store import JobStore
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
@@ -44,6 +47,7 @@ class GatewayState:
     metrics: GatewayMetrics
     proxy: CompletionsProxy
     gatekeeper: Gatekeeper
+    jobs: JobsAPI | None = None
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -79,6 +83,16 @@ def create_app(settings: Settings) -> FastAPI:
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         proxy = CompletionsProxy(settings, pools, session, metrics, gatekeeper, access_log)
         app.state.gateway = GatewayState(settings, session, pools, metrics, proxy, gatekeeper)
+        queue: JobQueue | None = None
+        if settings.jobs.enabled:
+            store = JobStore(settings.jobs.storage)
+            queue = JobQueue(settings.jobs.kafka)
+            app.state.gateway.jobs = JobsAPI(
+                store,
+                queue,
+                gatekeeper,
+                lambda: {name for pool in pools.values() for name in pool.model_names},
+            )
         for pool in pools.values():
             await pool.start()
         log.info(
@@ -92,6 +106,8 @@ def create_app(settings: Settings) -> FastAPI:
                 await pool.stop()
             await session.close()
             await limiter.close()
+            if queue is not None:
+                queue.close()
             if access_log is not None:
                 access_log.flush()
 
@@ -114,6 +130,8 @@ def create_app(settings: Settings) -> FastAPI:
         return schema
 
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]
+
+    register_job_routes(app)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:

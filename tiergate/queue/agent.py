@@ -1,0 +1,228 @@
+"""The agent loop: the model proposes shell commands, the sandbox runs them, the output goes
+back, until the model says it is done, ``max_steps`` or the job's time runs out.
+
+Two protocols: OpenAI tool calling (a ``shell`` tool) for models served with a tool-call
+parser, and a plain-text protocol for small models (one command in a fenced block, or
+``DONE``), which is the default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from tiergate.queue.sandbox import Sandbox
+
+TEXT_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
+To run a command, answer with exactly one command in a fenced block, like this:
+```bash
+ls -la
+```
+You will then see what it printed and its exit status. Work step by step.
+When the task is complete, answer with the single word DONE."""
+
+TOOLS_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
+Use the shell tool to run commands; you will see their output and exit status. When the
+task is complete, answer without calling the tool."""
+
+SHELL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "shell",
+        "description": "Run a shell command in /workspace and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+_FENCE = re.compile(r"```(?:[a-zA-Z]*)\n(.*?)```", re.S)
+_DOLLAR = re.compile(r"^\s*\$ (.+)$", re.M)
+_DONE = re.compile(r"\bDONE\b")
+
+
+class ModelUnavailable(Exception):
+    """The model endpoint could not answer now (worth retrying the job later)."""
+
+
+class ModelRefused(Exception):
+    """The model endpoint refused the request (retrying will not help)."""
+
+
+def parse_text_reply(text: str) -> str | None:
+    """The command in a reply, or ``None`` when there is none."""
+    fenced = _FENCE.search(text)
+    if fenced and fenced.group(1).strip():
+        return fenced.group(1).strip()
+    dollar = _DOLLAR.search(text)
+    if dollar:
+        return dollar.group(1).strip()
+    return None
+
+
+class ModelClient:
+    """Chat completions through the gateway, with the job's model and tier."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        service_tier: str,
+        api_key: str | None,
+        timeout: float = 120.0,
+    ) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+        )
+        self._model = model
+        self._tier = service_tier
+
+    def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": messages,
+            "service_tier": self._tier,
+            "max_tokens": 256,
+            "temperature": 0,
+        }
+        if tools:
+            body["tools"] = tools
+        try:
+            resp = self._client.post("/v1/chat/completions", json=body)
+        except httpx.TransportError as exc:
+            raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code in (429, 500, 502, 503, 504):
+            raise ModelUnavailable(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code != 200:
+            raise ModelRefused(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def close(self) -> None:
+        self._client.close()
+
+
+StopReason = Literal["done", "max_steps", "timeout", "cancelled"]
+
+
+@dataclass
+class AgentRun:
+    steps: int = 0
+    stop: StopReason = "done"
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AgentLoop:
+    model: ModelClient
+    sandbox: Sandbox
+    instruction: str
+    max_steps: int
+    deadline: float
+    protocol: Literal["text", "tools"] = "text"
+    cancelled: Callable[[], bool] = lambda: False
+    on_step: Callable[[dict[str, Any]], None] = lambda step: None
+
+    def run(self) -> AgentRun:
+        run = AgentRun()
+        system = TEXT_SYSTEM_PROMPT if self.protocol == "text" else TOOLS_SYSTEM_PROMPT
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": self.instruction},
+        ]
+        tools = [SHELL_TOOL] if self.protocol == "tools" else None
+        while True:
+            if self.cancelled():
+                run.stop = "cancelled"
+                return run
+            if run.steps >= self.max_steps:
+                run.stop = "max_steps"
+                return run
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                run.stop = "timeout"
+                return run
+            started = time.monotonic()
+            reply = self.model.chat(messages, tools)
+            message = reply["choices"][0]["message"]
+            content = message.get("content") or ""
+            run.trajectory.append(
+                {
+                    "type": "model",
+                    "content": content,
+                    "tool_calls": message.get("tool_calls"),
+                    "seconds": round(time.monotonic() - started, 3),
+                    "usage": reply.get("usage"),
+                    "service_tier": reply.get("service_tier"),
+                    "ts": time.time(),
+                }
+            )
+            command, call_id = self._command(message)
+            if command is None:
+                if self.protocol == "tools" or _DONE.search(content):
+                    run.stop = "done"
+                    return run
+                messages += [
+                    {"role": "assistant", "content": content},
+                    {
+                        "role": "user",
+                        "content": "No command found. Answer with one command in "
+                        "a ```bash block, or DONE if the task is complete.",
+                    },
+                ]
+                run.steps += 1
+                continue
+            run.steps += 1
+            result = self.sandbox.run(command, timeout=max(1.0, remaining))
+            entry = {
+                "type": "command",
+                "step": run.steps,
+                "command": command,
+                "exit_code": result.exit_code,
+                "output": result.output,
+                "seconds": round(result.seconds, 3),
+                "timed_out": result.timed_out,
+                "ts": time.time(),
+            }
+            run.trajectory.append(entry)
+            self.on_step(entry)
+            feedback = f"exit status {result.exit_code}\n{result.output}"
+            if call_id is not None:
+                messages += [
+                    {
+                        "role": "assistant",
+                        "content": content,
+                        "tool_calls": message.get("tool_calls"),
+                    },
+                    {"role": "tool", "tool_call_id": call_id, "content": feedback},
+                ]
+            else:
+                messages += [
+                    {"role": "assistant", "content": content},
+                    {"role": "user", "content": feedback},
+                ]
+
+    def _command(self, message: dict[str, Any]) -> tuple[str | None, str | None]:
+        calls = message.get("tool_calls") or []
+        if self.protocol == "tools" and calls:
+            call = calls[0]
+            try:
+                args = json.loads(call["function"]["arguments"] or "{}")
+            except (json.JSONDecodeError, KeyError, TypeError):
+                args = {}
+            command = args.get("command") if isinstance(args, dict) else None
+            return (str(command) if command else None), call.get("id")
+        return parse_text_reply(message.get("content") or ""), None
