@@ -19,6 +19,10 @@ app.add_typer(model_app, name="model")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(keys_app, name="keys")
+quant_app = typer.Typer(no_args_is_help=True, help="Quantized checkpoints and their parity.")
+spec_app = typer.Typer(no_args_is_help=True, help="Speculative decoding measurements.")
+app.add_typer(quant_app, name="quant")
+app.add_typer(spec_app, name="spec")
 
 
 def _settings() -> Settings:
@@ -56,11 +60,24 @@ def serve(
 def backend(
     tier: Annotated[Tier, typer.Option(help="Which tier's profile to launch")],
     dry_run: Annotated[bool, typer.Option(help="Print the command and exit")] = False,
+    skip_parity_check: Annotated[
+        bool, typer.Option(help="Start a quantized checkpoint without a passing parity report")
+    ] = False,
 ) -> None:
     """Launch vLLM for a tier from its profile (replaces this process)."""
-    from tiergate.backends.launcher import vllm_command, vllm_environment
+    from tiergate.backends.launcher import (
+        ParityMissing,
+        ensure_parity,
+        vllm_command,
+        vllm_environment,
+    )
 
     profile = _settings().profiles[tier]
+    try:
+        ensure_parity(profile, skip=skip_parity_check)
+    except ParityMissing as exc:
+        typer.echo(f"tiergate: {exc}", err=True)
+        raise typer.Exit(3) from None
     cmd = vllm_command(profile)
     if dry_run:
         typer.echo(" ".join(cmd))
@@ -128,6 +145,138 @@ def bench_limits(
     from tiergate.bench.limits import run_limits_benchmark
 
     run_limits_benchmark(out, requests)
+
+
+@quant_app.command("build")
+def quant_build(
+    source: Annotated[Path | None, typer.Option(help="Standard-tier checkpoint")] = None,
+    scheme: Annotated[list[str], typer.Option(help="W8A8 and/or W4A16")] = ["W8A8", "W4A16"],  # noqa: B006
+    method: Annotated[str, typer.Option(help="rtn (no calibration) or gptq")] = "rtn",
+    group_size: Annotated[int, typer.Option(help="W4A16 group size (must divide widths)")] = 64,
+    out: Annotated[Path | None, typer.Option(help="Folder for the checkpoints")] = None,
+) -> None:
+    """Build INT8 (W8A8) and INT4 (W4A16) checkpoints with llm-compressor."""
+    from tiergate.quant.build import build
+    from tiergate.settings import DEFAULT_MODEL_NAME
+
+    src = source or default_cache_dir() / "models" / DEFAULT_MODEL_NAME
+    for name in scheme:
+        build(src, out or src.parent, name.upper(), method, group_size)
+
+
+@quant_app.command("verify")
+def quant_verify(
+    standard_url: Annotated[str, typer.Option(help="A standard-tier vLLM server")],
+    fast_url: Annotated[str, typer.Option(help="The fast-tier vLLM server to judge")],
+    checkpoint: Annotated[Path, typer.Option(help="Where the report goes (the fast checkpoint)")],
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+) -> None:
+    """Parity of the fast tier with the standard tier; writes parity-report.{json,md}."""
+    import json
+
+    from tiergate.quant.parity import Endpoint, ParityThresholds, evaluate, render, write_report
+
+    manifest = checkpoint / "tiergate-manifest.json"
+    scheme = json.loads(manifest.read_text())["scheme"] if manifest.is_file() else None
+    report = evaluate(
+        Endpoint(standard_url, model),
+        Endpoint(fast_url, model),
+        ParityThresholds.for_scheme(scheme),
+        progress=lambda m: typer.echo(f"[quant verify] {m}", err=True),
+    )
+    write_report(report, checkpoint, f"{checkpoint.name} vs standard")
+    typer.echo(render(report, f"{checkpoint.name} vs standard"))
+    raise typer.Exit(0 if report["passed"] else 1)
+
+
+@spec_app.command("measure")
+def spec_measure(
+    url: Annotated[str, typer.Option(help="A vLLM server with speculation on")],
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+) -> None:
+    """Acceptance rate and mean acceptance length from vLLM's spec-decode counters."""
+    import json
+
+    from tiergate.speculative.measure import measure_acceptance
+
+    typer.echo(json.dumps(measure_acceptance(url, model).as_dict(), indent=2))
+
+
+@spec_app.command("lossless")
+def spec_lossless(
+    spec_url: Annotated[str, typer.Option(help="Server with speculation")],
+    base_url: Annotated[str, typer.Option(help="Same weights, no speculation")],
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+) -> None:
+    """Greedy outputs with and without speculation: exact-match rate, first divergence."""
+    import json
+
+    from tiergate.speculative.measure import losslessness
+
+    typer.echo(json.dumps(losslessness(spec_url, base_url, model), indent=2))
+
+
+@bench_app.command("tiers")
+def bench_tiers_cmd(
+    gateway: Annotated[str, typer.Option(help="Gateway URL")] = "http://127.0.0.1:8000",
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+    levels: Annotated[list[int], typer.Option(help="Concurrencies")] = [1, 4, 16],  # noqa: B006
+    requests: Annotated[int, typer.Option(help="Requests per level (at least the level)")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request")] = 128,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Both tiers through the gateway at several concurrencies; Markdown, JSON and PNG."""
+    import json
+
+    from tiergate.bench.tiers import bench_tiers, chart, render_tiers
+
+    settings = _settings()
+    fast = [*settings.tiers[Tier.FAST].endpoints]
+    result = bench_tiers(gateway, model, fast, levels, requests, max_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tiers-bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
+    (out / "tiers-bench.md").write_text(render_tiers(result, command))
+    chart(result, out / "tiers-bench.png")
+    typer.echo(render_tiers(result, command))
+
+
+@bench_app.command("candidates")
+def bench_candidates_cmd(
+    requests: Annotated[int, typer.Option(help="Requests per engine")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens at most")] = 160,
+    enforce_eager: Annotated[bool, typer.Option(help="Skip torch.compile")] = True,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Measure fast-tier candidates (W8A8, W4A16, each with and without ngram) one by one."""
+    import json
+
+    from tiergate.bench.tiers import bench_candidates, render_candidates
+    from tiergate.quant.build import build
+    from tiergate.settings import DEFAULT_MODEL_NAME
+
+    src = default_cache_dir() / "models" / DEFAULT_MODEL_NAME
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    candidates: dict[str, dict[str, object]] = {
+        "bf16 + ngram": {"model": str(src), "speculative": ngram}
+    }
+    for scheme in ("W8A8", "W4A16"):
+        path = str(build(src, src.parent, scheme))
+        candidates[scheme] = {"model": path}
+        candidates[f"{scheme} + ngram"] = {"model": path, "speculative": ngram}
+    out.mkdir(parents=True, exist_ok=True)
+    result = bench_candidates(
+        candidates, str(src), DEFAULT_MODEL_NAME, requests, max_tokens, enforce_eager, out
+    )
+    command = f"tiergate bench candidates --requests {requests} --max-tokens {max_tokens}"
+    (out / "candidates.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "candidates.md").write_text(render_candidates(result, command))
+    typer.echo(render_candidates(result, command))
 
 
 @keys_app.command("create")

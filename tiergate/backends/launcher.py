@@ -13,6 +13,25 @@ from tiergate.speculative.config import to_vllm_json
 _TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
+class ParityMissing(Exception):
+    """A quantized fast-tier checkpoint without a passing parity report."""
+
+
+def ensure_parity(profile: TierProfile, skip: bool = False) -> None:
+    """Refuse a quantized checkpoint (one built by ``tiergate quant build``) that has no
+    passing ``tiergate quant verify`` report, unless told explicitly to skip the check."""
+    from tiergate.quant.build import MANIFEST
+    from tiergate.quant.parity import REPORT, has_passing_report
+
+    path = Path(profile.model)
+    if skip or not (path / MANIFEST).is_file() or has_passing_report(path):
+        return
+    raise ParityMissing(
+        f"{path} is a quantized checkpoint without a passing parity report ({path / REPORT}); "
+        "run `tiergate quant verify`, or pass --skip-parity-check"
+    )
+
+
 def vllm_command(profile: TierProfile, python: str = sys.executable) -> list[str]:
     """The vLLM OpenAI server command line for a tier profile.
 

@@ -1,0 +1,290 @@
+"""``tiergate bench tiers`` and ``tiergate bench candidates``.
+
+- tiers: the same prompts through the gateway to each tier at several concurrencies;
+  per-request output speed (1/TPOT), aggregate output tokens/s, TTFT and TPOT p50/p99,
+  fast/standard ratios and the fast tier's acceptance figures. TPOT is
+  (e2e - TTFT) / (output tokens - 1) per request: with speculation one streamed chunk can
+  carry several tokens, so gaps between chunks would mislead.
+- candidates: each candidate fast-tier profile (quantization scheme, with and without ngram
+  speculation) started as a vLLM server in turn and measured at concurrency 1, against the
+  standard tier, to choose the embedded default by measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tiergate.speculative.measure import PROMPTS, acceptance_between, spec_counters
+
+
+def _say(message: str) -> None:
+    print(f"[bench tiers] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Sample:
+    ttft: float
+    e2e: float
+    tokens: int
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+    started = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and ttft is None:
+                delta = chunk["choices"][0].get("delta", {})
+                if delta.get("content"):
+                    ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    return Sample(ttft or 0.0, time.perf_counter() - started, tokens)
+
+
+async def run_level(
+    url: str, model: str, tier: str | None, concurrency: int, requests: int, max_tokens: int
+) -> tuple[list[Sample], float]:
+    """``requests`` streamed chat completions, ``concurrency`` at a time."""
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def bounded(i: int) -> Sample:
+            body: dict[str, Any] = {
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            }
+            if tier:
+                body["service_tier"] = tier
+            async with semaphore:
+                return await _one(client, url, body)
+
+        started = time.perf_counter()
+        samples = await asyncio.gather(*(bounded(i) for i in range(requests)))
+        return list(samples), time.perf_counter() - started
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def summarize(samples: list[Sample], wall: float) -> dict[str, float]:
+    tpots = [s.tpot for s in samples if s.tpot]
+    ttfts = [s.ttft for s in samples]
+    return {
+        "requests": len(samples),
+        "output_tokens": sum(s.tokens for s in samples),
+        "per_request_tokens_per_s_p50": statistics.median(1 / t for t in tpots) if tpots else 0,
+        "aggregate_tokens_per_s": sum(s.tokens for s in samples) / wall,
+        "ttft_p50_ms": statistics.median(ttfts) * 1000,
+        "ttft_p99_ms": _pct(ttfts, 0.99) * 1000,
+        "tpot_p50_ms": statistics.median(tpots) * 1000 if tpots else 0,
+        "tpot_p99_ms": _pct(tpots, 0.99) * 1000,
+    }
+
+
+def _scrape(urls: list[str]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for url in urls:
+        for key, value in spec_counters(httpx.get(f"{url}/metrics", timeout=10).text).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def bench_tiers(
+    gateway: str,
+    model: str,
+    fast_engines: list[str],
+    levels: list[int],
+    requests: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    url = f"{gateway.rstrip('/')}/v1/chat/completions"
+    results: dict[str, Any] = {"levels": levels, "max_tokens": max_tokens, "tiers": {}}
+    for tier, word in (("standard", "default"), ("fast", "priority")):
+        results["tiers"][tier] = {}
+        before = _scrape(fast_engines) if tier == "fast" and fast_engines else None
+        for level in levels:
+            _say(f"{tier}: concurrency {level}, {max(requests, level)} requests")
+            samples, wall = asyncio.run(
+                run_level(url, model, word, level, max(requests, level), max_tokens)
+            )
+            results["tiers"][tier][str(level)] = summarize(samples, wall)
+        if before is not None:
+            results["acceptance"] = acceptance_between(before, _scrape(fast_engines)).as_dict()
+    results["ratios"] = {
+        str(level): {
+            key: results["tiers"]["fast"][str(level)][key]
+            / max(1e-9, results["tiers"]["standard"][str(level)][key])
+            for key in ("per_request_tokens_per_s_p50", "aggregate_tokens_per_s", "tpot_p50_ms")
+        }
+        for level in levels
+    }
+    return results
+
+
+def render_tiers(r: dict[str, Any], command: str) -> str:
+    rows = [
+        "# Tier benchmark",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| tier | concurrency | per-request tokens/s (p50) | aggregate tokens/s | TTFT p50 / p99 "
+        "(ms) | TPOT p50 / p99 (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tier, levels in r["tiers"].items():
+        for level, s in levels.items():
+            rows.append(
+                f"| {tier} | {level} | {s['per_request_tokens_per_s_p50']:.1f} | "
+                f"{s['aggregate_tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} / "
+                f"{s['ttft_p99_ms']:.0f} | {s['tpot_p50_ms']:.1f} / "
+                f"{s['tpot_p99_ms']:.1f} |"
+            )
+    rows += [
+        "",
+        "| concurrency | fast/standard per-request speed | fast/standard aggregate |",
+        "|---|---|---|",
+    ]
+    for level, ratio in r["ratios"].items():
+        rows.append(
+            f"| {level} | {ratio['per_request_tokens_per_s_p50']:.2f}x | "
+            f"{ratio['aggregate_tokens_per_s']:.2f}x |"
+        )
+    if "acceptance" in r:
+        a = r["acceptance"]
+        rows += [
+            "",
+            f"Fast tier speculation: acceptance rate {a['acceptance_rate']:.3f}, "
+            f"mean acceptance length {a['mean_acceptance_length']:.2f} "
+            f"({int(a['draft_tokens'])} draft tokens).",
+        ]
+    return "\n".join([*rows, ""])
+
+
+def chart(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = [str(x) for x in r["levels"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in (
+        (axes[0], "per_request_tokens_per_s_p50", "per-request tokens/s"),
+        (axes[1], "aggregate_tokens_per_s", "aggregate tokens/s"),
+    ):
+        for offset, tier in ((-0.2, "standard"), (0.2, "fast")):
+            values = [r["tiers"][tier][lv][key] for lv in levels]
+            ax.bar([i + offset for i in range(len(levels))], values, width=0.4, label=tier)
+        ax.set_xticks(range(len(levels)), [f"c={lv}" for lv in levels])
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def bench_candidates(
+    candidates: dict[str, dict[str, Any]],
+    standard_model: str,
+    served_name: str,
+    requests: int,
+    max_tokens: int,
+    enforce_eager: bool,
+    logs: Path,
+) -> dict[str, Any]:
+    """Start each candidate engine in turn (one at a time, so they do not share the cores)
+    and measure it at concurrency 1, directly (no gateway)."""
+    from tiergate.backends.launcher import start_vllm
+    from tiergate.settings import TierProfile
+    from tiergate.stack import healthy, stop_process_group
+
+    results: dict[str, Any] = {}
+    for name, spec in {"standard (bf16)": {"model": standard_model}, **candidates}.items():
+        port = _free_port()
+        profile = TierProfile(
+            model=spec["model"],
+            served_model_name=served_name,
+            port=port,
+            enforce_eager=enforce_eager,
+            cpu_cores="0",
+            speculative=spec.get("speculative"),
+        )
+        _say(f"{name}: starting vLLM on :{port}")
+        proc = start_vllm(profile, logs / f"candidate-{port}.log")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 600
+            while not healthy(base):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start; see {logs}")
+                time.sleep(2)
+            before = _scrape([base])
+            samples, wall = asyncio.run(
+                run_level(f"{base}/v1/chat/completions", served_name, None, 1, requests, max_tokens)
+            )
+            summary = summarize(samples, wall)
+            if spec.get("speculative"):
+                summary.update(acceptance_between(before, _scrape([base])).as_dict())
+            results[name] = summary
+            _say(f"{name}: TPOT p50 {summary['tpot_p50_ms']:.1f} ms")
+        finally:
+            stop_process_group(proc)
+    base_tpot = results["standard (bf16)"]["tpot_p50_ms"]
+    for summary in results.values():
+        summary["speedup_vs_standard"] = base_tpot / summary["tpot_p50_ms"]
+    return results
+
+
+def render_candidates(results: dict[str, Any], command: str) -> str:
+    rows = [
+        "# Fast-tier candidates (concurrency 1, directly against vLLM)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| engine | TPOT p50 (ms) | per-request tokens/s | speedup vs standard | "
+        "acceptance rate | mean acceptance length |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in results.items():
+        acc = (
+            f"{s['acceptance_rate']:.2f} | {s['mean_acceptance_length']:.2f}"
+            if "acceptance_rate" in s
+            else "- | -"
+        )
+        rows.append(
+            f"| {name} | {s['tpot_p50_ms']:.1f} | {s['per_request_tokens_per_s_p50']:.1f}"
+            f" | {s['speedup_vs_standard']:.2f}x | {acc} |"
+        )
+    return "\n".join([*rows, ""])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,150 @@
+"""Measuring speculative decoding on a running vLLM server.
+
+- :func:`measure_acceptance`: runs prompts and reads the deltas of vLLM's
+  ``vllm:spec_decode_*`` counters: acceptance rate = accepted / draft tokens, mean
+  acceptance length = 1 + accepted / drafts.
+- :func:`losslessness`: greedy outputs of a speculative engine against the same weights
+  served without speculation: exact-match rate and the first divergence per prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+PROMPTS = [
+    "Write a python function that adds two numbers.",
+    "Write a python function that reverses a string, with a docstring.",
+    "List the days of the week, one per line.",
+    "Explain in three sentences what a list is in Python.",
+    "Write a short poem about the sea.",
+    "Give three tips for writing clean code.",
+    "Write a python class Counter with increment and reset methods.",
+    "Describe how to make a cup of tea, step by step.",
+]
+
+
+def spec_counters(metrics_text: str) -> dict[str, float]:
+    """Sum the speculative-decoding counters over every label set."""
+    wanted = "\n".join(
+        line
+        for line in metrics_text.splitlines()
+        if line.startswith(tuple(COUNTERS)) or line.startswith("# ")
+    )
+    found = dict.fromkeys(COUNTERS.values(), 0.0)
+    for family in text_string_to_metric_families(wanted + "\n"):
+        name = COUNTERS.get(family.name)
+        if name is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                found[name] += sample.value
+    return found
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+
+    @property
+    def rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.rate,
+            "mean_acceptance_length": self.mean_length,
+        }
+
+
+def acceptance_between(before: dict[str, float], after: dict[str, float]) -> Acceptance:
+    return Acceptance(
+        *(after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens"))
+    )
+
+
+def _metrics(client: httpx.Client) -> dict[str, float]:
+    return spec_counters(client.get("/metrics").text)
+
+
+def measure_acceptance(
+    url: str, model: str, prompts: list[str] | None = None, max_tokens: int = 128
+) -> Acceptance:
+    with httpx.Client(base_url=url.rstrip("/"), timeout=300) as client:
+        before = _metrics(client)
+        for prompt in prompts or PROMPTS:
+            client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                },
+            ).raise_for_status()
+        return acceptance_between(before, _metrics(client))
+
+
+def _greedy(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> list[int]:
+    resp = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
+    resp.raise_for_status()
+    return list(resp.json()["choices"][0]["token_ids"])
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def losslessness(
+    spec_url: str, base_url: str, model: str, prompts: list[str] | None = None, max_tokens: int = 96
+) -> dict[str, Any]:
+    """Greedy outputs with and without speculation, token by token."""
+    rows = []
+    with (
+        httpx.Client(base_url=spec_url.rstrip("/"), timeout=300) as spec,
+        httpx.Client(base_url=base_url.rstrip("/"), timeout=300) as base,
+    ):
+        for prompt in prompts or PROMPTS:
+            with_spec = _greedy(spec, model, prompt, max_tokens)
+            without = _greedy(base, model, prompt, max_tokens)
+            divergence = first_divergence(with_spec, without)
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "exact": divergence is None,
+                    "first_divergence": divergence,
+                    "tokens": [len(with_spec), len(without)],
+                }
+            )
+    exact = sum(1 for r in rows if r["exact"])
+    return {"exact_match_rate": exact / len(rows), "prompts": len(rows), "rows": rows}
