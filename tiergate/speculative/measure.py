@@ -42,11 +42,11 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
     )
     found = dict.fromkeys(COUNTERS.values(), 0.0)
     for family in text_string_to_metric_families(wanted + "\n"):
-        name = COUNTERS.get(family.name)
-        if name is None:
-            continue
         for sample in family.samples:
-            if sample.name.endswith("_total"):
+            # Matched on the sample's name: with ':' in names the parser does not always
+            # attach the samples to the declared counter family.
+            name = COUNTERS.get(sample.name.removesuffix("_total"))
+            if name is not None and sample.name.endswith("_total"):
                 found[name] += sample.value
     return found
 

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiergate.backends.launcher import ParityMissing, ensure_parity
+from tiergate.quant.build import MANIFEST, calibration_texts, checkpoint_sha256
+from tiergate.quant.parity import REPORT, ParityThresholds, has_passing_report, render
+from tiergate.quant.tasks import TASKS, code_of
+from tiergate.settings import TierProfile
+from tiergate.speculative.measure import acceptance_between, first_divergence, spec_counters
+
+METRICS = """\
+# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 18.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+"""
+
+
+def test_acceptance_from_counter_deltas() -> None:
+    before = spec_counters(METRICS)
+    assert before == {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 18.0}
+    after = spec_counters(METRICS.replace(" 10.0", " 20.0").replace(" 40.0", " 80.0")
+                          .replace(" 18.0", " 48.0"))
+    acc = acceptance_between(before, after)
+    assert acc.rate == pytest.approx(30 / 40)
+    assert acc.mean_length == pytest.approx(1 + 30 / 10)
+    assert spec_counters("") == {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_thresholds_follow_the_scheme() -> None:
+    int8, int4 = ParityThresholds.for_scheme("W8A8"), ParityThresholds.for_scheme("W4A16")
+    assert int4.max_perplexity_ratio > int8.max_perplexity_ratio
+    assert int4.min_top1_agreement < int8.min_top1_agreement
+
+
+def _checkpoint(tmp_path: Path, report: dict[str, object] | None) -> Path:
+    path = tmp_path / "model-W8A8"
+    path.mkdir()
+    (path / MANIFEST).write_text(json.dumps({"scheme": "W8A8"}))
+    if report is not None:
+        (path / REPORT).write_text(json.dumps(report))
+    return path
+
+
+def test_launcher_refuses_a_quantized_checkpoint_without_passing_parity(tmp_path: Path) -> None:
+    unverified = _checkpoint(tmp_path, None)
+    profile = TierProfile(model=str(unverified), port=9000)
+    with pytest.raises(ParityMissing, match="quant verify"):
+        ensure_parity(profile)
+    ensure_parity(profile, skip=True)  # told explicitly
+    (unverified / REPORT).write_text(json.dumps({"passed": False}))
+    with pytest.raises(ParityMissing):
+        ensure_parity(profile)
+    (unverified / REPORT).write_text(json.dumps({"passed": True}))
+    ensure_parity(profile)
+    assert has_passing_report(unverified)
+    # A plain (unquantized) checkpoint needs no report.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    ensure_parity(TierProfile(model=str(plain), port=9000))
+
+
+def test_checkpoint_hash_follows_the_weights(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"abc")
+    (tmp_path / "config.json").write_text("{}")
+    first = checkpoint_sha256(tmp_path)
+    (tmp_path / MANIFEST).write_text("{}")  # the manifest is not part of the hash
+    assert checkpoint_sha256(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"abd")
+    assert checkpoint_sha256(tmp_path) != first
+
+
+def test_calibration_text_comes_from_the_machine() -> None:
+    texts = calibration_texts(8)
+    assert len(texts) == 8 and all(len(t) > 400 for t in texts)
+
+
+def test_task_checkers() -> None:
+    by_name = {t.name: t for t in TASKS}
+    assert by_name["yes"].check("Yes.") and not by_name["yes"].check("Yes, sure")
+    assert by_name["json"].check('Here: {"name": "Bob"}')
+    assert not by_name["json"].check('{"name": "Alice"}')
+    assert by_name["upper"].check("HELLO WORLD") and not by_name["upper"].check("Hello World")
+    assert code_of("text\n```python\ndef f():\n    return 1\n```\nmore") == \
+        "def f():\n    return 1\n"
+
+
+def test_report_renders_the_verdict() -> None:
+    report = {
+        "perplexity": {"standard": 10.0, "fast": 10.2, "ratio": 1.02},
+        "top1_agreement": {"fast_vs_standard": 0.95, "standard_vs_itself": 0.99},
+        "tasks": {"standard_passed": 5, "fast_passed": 5, "total": 14, "ratio": 1.0,
+                  "rows": [{"task": "add", "kind": "code", "standard": True, "fast": True}]},
+        "thresholds": ParityThresholds().model_dump(),
+        "checks": {"perplexity_ratio": True, "top1_agreement": True, "task_ratio": True},
+        "passed": True,
+    }
+    text = render(report, "x")
+    assert "**passed**" in text and "| add | code | True | True |" in text
