@@ -24,4 +24,8 @@ pytest:
 
 bench:
 	TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh
+	$(BIN)/pip install -q 'matplotlib>=3.8'
 	$(BIN)/tiergate bench gateway --out reports
+	$(BIN)/tiergate bench limits --out reports
+	$(BIN)/tiergate bench candidates --out reports
+	@echo "tier benchmark: with 'make up' running, $(BIN)/tiergate bench tiers --out reports"

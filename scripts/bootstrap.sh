@@ -45,6 +45,9 @@ else
   say "$VENV is up to date"
 fi
 
+say "the quantization environment (.venv-quant, llm-compressor)"
+bash scripts/install-quant.sh
+
 say "helm (for the chart's tests)"
 bash scripts/install-helm.sh
 

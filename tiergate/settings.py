@@ -183,10 +183,21 @@ class AdmissionSettings(_Section):
     long_context_max_concurrent: int = Field(4, ge=1)
 
 
+class QuantizeSpec(_Section):
+    """How a tier's quantized checkpoint is made (``tiergate quant build``) when missing:
+    ``model`` is then ``{source folder}/../{source name}-{scheme}``."""
+
+    source: str
+    scheme: Literal["W8A8", "W4A16"] = "W8A8"
+    method: Literal["rtn", "gptq"] = "rtn"
+    group_size: int = Field(64, ge=16)
+
+
 class TierProfile(_Section):
     """What one tier's vLLM server runs: the model, its serving arguments, speculation."""
 
     model: str
+    quantize: QuantizeSpec | None = None
     served_model_name: str = DEFAULT_MODEL_NAME
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)

@@ -70,6 +70,44 @@ def wait_healthy(
             time.sleep(5)
 
 
+def verify_fast_tier(settings: Settings, urls: dict[Tier, str]) -> None:
+    """A quantized fast tier without a parity report is judged once, now that both tiers
+    run; a failing one is not served."""
+    from tiergate.quant.build import MANIFEST
+    from tiergate.quant.parity import (
+        REPORT,
+        Endpoint,
+        ParityThresholds,
+        evaluate,
+        has_passing_report,
+        write_report,
+    )
+
+    checkpoint = Path(settings.profiles[Tier.FAST].model)
+    if not (checkpoint / MANIFEST).is_file() or (checkpoint / REPORT).is_file():
+        if (checkpoint / MANIFEST).is_file() and not has_passing_report(checkpoint):
+            raise RuntimeError(
+                f"the fast tier's checkpoint failed its parity check: "
+                f"{checkpoint / 'parity-report.md'}"
+            )
+        return
+    import json
+
+    scheme = json.loads((checkpoint / MANIFEST).read_text())["scheme"]
+    name = settings.profiles[Tier.FAST].served_model_name
+    _say("verifying the fast tier's parity with the standard tier (once, about 2 minutes)")
+    report = evaluate(
+        Endpoint(urls[Tier.STANDARD], name),
+        Endpoint(urls[Tier.FAST], name),
+        ParityThresholds.for_scheme(scheme),
+        progress=_say,
+    )
+    write_report(report, checkpoint, f"{checkpoint.name} vs standard")
+    if not report["passed"]:
+        raise RuntimeError(f"the fast tier failed its parity check: {checkpoint / REPORT}")
+    _say(f"parity passed: {checkpoint / 'parity-report.md'}")
+
+
 def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
     everything this call started when the gateway stops (Ctrl-C or SIGTERM)."""
@@ -78,12 +116,10 @@ def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
     from tiergate.backends.launcher import start_vllm
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
-    from tiergate.quant.convert import prepare_embedded_model
+    from tiergate.quant.prepare import prepare_profile_model
 
     for tier in Tier:
-        model = Path(settings.profiles[tier].model)
-        if model.parent == default_cache_dir() / "models":
-            prepare_embedded_model(model)
+        prepare_profile_model(settings.profiles[tier])
     log_dir = default_cache_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: dict[Tier, subprocess.Popen[bytes]] = {}
@@ -108,6 +144,7 @@ def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         wait_healthy(procs, urls, logs)
+        verify_fast_tier(settings, urls)
         host, port = settings.gateway.host, settings.gateway.port
         name = settings.profiles[Tier.STANDARD].served_model_name
         _say(

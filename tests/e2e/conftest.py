@@ -17,8 +17,8 @@ import pytest
 
 from tests.servers import free_port, gateway_settings, running_gateway
 from tiergate.backends.launcher import start_vllm
-from tiergate.quant.convert import prepare_embedded_model
-from tiergate.settings import DEFAULT_MODEL_NAME, default_cache_dir, load_settings
+from tiergate.quant.prepare import prepare_profile_model
+from tiergate.settings import DEFAULT_MODEL_NAME, load_settings
 from tiergate.stack import stop_process_group
 from tiergate.tiers import Tier
 
@@ -32,6 +32,7 @@ class VllmServer:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    model: str = ""
 
     def kill(self) -> None:
         stop_process_group(self.proc, grace=0)
@@ -47,17 +48,21 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Tier, VllmServer]]:
-    model_dir = prepare_embedded_model(default_cache_dir() / "models" / MODEL)
     logs = tmp_path_factory.mktemp("vllm-logs")
     profiles = load_settings().profiles
     servers: dict[Tier, VllmServer] = {}
     for tier in Tier:
-        profile = profiles[tier].model_copy(
-            update={"model": str(model_dir), "port": free_port(), "enforce_eager": True}
-        )
+        # The default profiles, as `make up` runs them (the fast tier's quantized checkpoint
+        # is built if missing); its parity is what tests/e2e/test_fast_tier.py judges.
+        prepare_profile_model(profiles[tier])
+        profile = profiles[tier].model_copy(update={"port": free_port(), "enforce_eager": True})
         log = logs / f"{tier.value}.log"
         servers[tier] = VllmServer(
-            tier, f"http://127.0.0.1:{profile.port}", start_vllm(profile, log), log
+            tier,
+            f"http://127.0.0.1:{profile.port}",
+            start_vllm(profile, log),
+            log,
+            profile.model,
         )
     try:
         deadline = time.monotonic() + START_BUDGET_SECONDS

@@ -28,8 +28,9 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
 def test_acceptance_from_counter_deltas() -> None:
     before = spec_counters(METRICS)
     assert before == {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 18.0}
-    after = spec_counters(METRICS.replace(" 10.0", " 20.0").replace(" 40.0", " 80.0")
-                          .replace(" 18.0", " 48.0"))
+    after = spec_counters(
+        METRICS.replace(" 10.0", " 20.0").replace(" 40.0", " 80.0").replace(" 18.0", " 48.0")
+    )
     acc = acceptance_between(before, after)
     assert acc.rate == pytest.approx(30 / 40)
     assert acc.mean_length == pytest.approx(1 + 30 / 10)
@@ -96,16 +97,22 @@ def test_task_checkers() -> None:
     assert by_name["json"].check('Here: {"name": "Bob"}')
     assert not by_name["json"].check('{"name": "Alice"}')
     assert by_name["upper"].check("HELLO WORLD") and not by_name["upper"].check("Hello World")
-    assert code_of("text\n```python\ndef f():\n    return 1\n```\nmore") == \
-        "def f():\n    return 1\n"
+    assert (
+        code_of("text\n```python\ndef f():\n    return 1\n```\nmore") == "def f():\n    return 1\n"
+    )
 
 
 def test_report_renders_the_verdict() -> None:
     report = {
         "perplexity": {"standard": 10.0, "fast": 10.2, "ratio": 1.02},
         "top1_agreement": {"fast_vs_standard": 0.95, "standard_vs_itself": 0.99},
-        "tasks": {"standard_passed": 5, "fast_passed": 5, "total": 14, "ratio": 1.0,
-                  "rows": [{"task": "add", "kind": "code", "standard": True, "fast": True}]},
+        "tasks": {
+            "standard_passed": 5,
+            "fast_passed": 5,
+            "total": 14,
+            "ratio": 1.0,
+            "rows": [{"task": "add", "kind": "code", "standard": True, "fast": True}],
+        },
         "thresholds": ParityThresholds().model_dump(),
         "checks": {"perplexity_ratio": True, "top1_agreement": True, "task_ratio": True},
         "passed": True,

@@ -80,3 +80,16 @@ def test_cli_stops_with_the_setting_named() -> None:
     )
     assert proc.returncode == 2
     assert "gateway.port" in proc.stderr
+
+
+def test_documented_gpu_profile_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiergate.backends.launcher import vllm_command
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "gpu-llama-8b.yaml"
+    monkeypatch.setenv("TIERGATE_CONFIG", str(path))
+    s = load_settings()
+    fast = s.profiles[Tier.FAST]
+    assert fast.quantize is not None and fast.quantize.scheme == "W4A16"
+    cmd = vllm_command(fast, python="python")
+    assert '"method":"eagle3"' in cmd[cmd.index("--speculative-config") + 1]
+    assert "--enforce-eager" not in cmd

@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from tiergate.bench.ports import free_ports
+
 MODEL = "bench-model"
 CHAT_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -53,20 +55,6 @@ STREAM_CHUNKS, STREAM_GAP_MS = 20, 10.0
 
 def _say(message: str) -> None:
     print(f"[bench gateway] {message}", file=sys.stderr, flush=True)
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free ports (the sockets stay bound until all are chosen)."""
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _nginx_conf(workdir: Path, port: int) -> Path:
@@ -225,7 +213,7 @@ def run_gateway_benchmark(out: Path, duration: float) -> dict[str, Any]:
         raise SystemExit("the benchmark pins the gateway and the load to separate cores")
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
-    nginx_port, stream_port, gw_port = _free_ports(3)
+    nginx_port, stream_port, gw_port = free_ports(3)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         _say("starting nginx and the streaming fake on core 1")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiergate.bench.ports import free_ports
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.auth import new_key
 from tiergate.gateway.gatekeeper import Gatekeeper
@@ -69,11 +70,7 @@ def run_limits_benchmark(out: Path, requests: int) -> dict[str, Any]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("the benchmark needs redis-server: apt-get install -y redis-server")
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_ports()[0]
     redis = subprocess.Popen(
         [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from tiergate.bench.ports import free_ports
 from tiergate.speculative.measure import PROMPTS, acceptance_between, spec_counters
 
 
@@ -224,7 +225,7 @@ def bench_candidates(
 
     results: dict[str, Any] = {}
     for name, spec in {"standard (bf16)": {"model": standard_model}, **candidates}.items():
-        port = _free_port()
+        port = free_ports()[0]
         profile = TierProfile(
             model=spec["model"],
             served_model_name=served_name,
@@ -280,11 +281,3 @@ def render_candidates(results: dict[str, Any], command: str) -> str:
             f" | {s['speedup_vs_standard']:.2f}x | {acc} |"
         )
     return "\n".join([*rows, ""])
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
