@@ -113,13 +113,22 @@ def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
     everything this call started when the gateway stops (Ctrl-C or SIGTERM)."""
     import uvicorn
 
-    from tiergate.backends.launcher import start_vllm
+    from tiergate.backends.launcher import ParityMissing, ensure_parity, start_vllm
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
+    from tiergate.quant.parity import REPORT
     from tiergate.quant.prepare import prepare_profile_model
 
     for tier in Tier:
         prepare_profile_model(settings.profiles[tier])
+    fast_model = Path(settings.profiles[Tier.FAST].model)
+    try:
+        # A checkpoint never judged is judged below, once both tiers run; one that failed
+        # is refused before anything starts.
+        ensure_parity(settings.profiles[Tier.FAST], skip=not (fast_model / REPORT).is_file())
+    except ParityMissing as exc:
+        _say(f"error: {exc}")
+        return 1
     log_dir = default_cache_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: dict[Tier, subprocess.Popen[bytes]] = {}

@@ -265,3 +265,17 @@ def test_drained_worker_hands_its_job_to_another(
         final = stack.wait(job["id"], lambda j: j["status"] == "completed", timeout=90)
         assert final["result"]["passed"] is True
         assert final["attempts"] == 1
+
+
+def test_job_whose_verifier_fails_completes_with_passed_false(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = ["```bash\necho 41 > answer.txt\n```", "DONE"]
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        job = stack.submit(TASK)
+        stack.start_worker()
+        final = stack.wait(job["id"], lambda j: j["status"] not in ("queued", "in_progress"))
+        assert final["status"] == "completed"
+        assert final["result"] == {"passed": False, "reward": None, "verifier_exit_code": 1}
+        log = httpx.get(final["artifacts"]["verifier_log"]).text
+        assert log == "" or "41" not in log  # the verifier's own output, not the agent's

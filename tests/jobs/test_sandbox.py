@@ -85,3 +85,25 @@ def test_output_is_truncated_head_and_tail(sandbox: Sandbox) -> None:
 def test_workspace_escape_is_refused(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxError):
         sandbox.write_files({"../../etc/evil": "x"})
+
+
+def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
+    started = __import__("time").monotonic()
+    result = sandbox.run(":(){ :|:& };:", timeout=5)
+    assert __import__("time").monotonic() - started < 15
+    assert result.exit_code != 0 or result.timed_out
+    # The host still starts processes, and the sandbox does too once the bomb is gone.
+    assert sandbox.run("echo alive", timeout=10).output.strip() == "alive"
+
+
+def test_no_process_outlives_its_command(sandbox: Sandbox) -> None:
+    import subprocess
+
+    marker = f"tiergate-outlive-{uuid.uuid4().hex[:8]}"
+    result = sandbox.run(
+        f"(exec -a {marker} sleep 300) > /dev/null 2>&1 & echo started", timeout=10
+    )
+    assert result.output.strip() == "started"
+    __import__("time").sleep(0.5)
+    survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert survivors.stdout.strip() == "", "a sandboxed process outlived its command"

@@ -122,20 +122,42 @@ def bench_tiers(
     levels: list[int],
     requests: int,
     max_tokens: int,
+    rounds: int = 2,
 ) -> dict[str, Any]:
+    """Both tiers at each level, interleaved: ``rounds`` alternating batches per tier, so that
+    a slow minute of this shared machine does not land on one tier only."""
     url = f"{gateway.rstrip('/')}/v1/chat/completions"
-    results: dict[str, Any] = {"levels": levels, "max_tokens": max_tokens, "tiers": {}}
-    for tier, word in (("standard", "default"), ("fast", "priority")):
-        results["tiers"][tier] = {}
-        before = _scrape(fast_engines) if tier == "fast" and fast_engines else None
-        for level in levels:
-            _say(f"{tier}: concurrency {level}, {max(requests, level)} requests")
-            samples, wall = asyncio.run(
-                run_level(url, model, word, level, max(requests, level), max_tokens)
-            )
+    tiers = (("standard", "default"), ("fast", "priority"))
+    results: dict[str, Any] = {
+        "levels": levels,
+        "max_tokens": max_tokens,
+        "rounds": rounds,
+        "tiers": {tier: {} for tier, _ in tiers},
+    }
+    accepted = dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), 0.0)
+    for level in levels:
+        per_round = max(requests, level) // rounds or 1
+        collected: dict[str, tuple[list[Sample], float]] = {t: ([], 0.0) for t, _ in tiers}
+        for round_ in range(rounds):
+            for tier, word in tiers if round_ % 2 == 0 else tiers[::-1]:
+                _say(
+                    f"{tier}: concurrency {level}, round {round_ + 1}/{rounds}, "
+                    f"{max(per_round, level)} requests"
+                )
+                before = _scrape(fast_engines) if tier == "fast" and fast_engines else None
+                samples, wall = asyncio.run(
+                    run_level(url, model, word, level, max(per_round, level), max_tokens)
+                )
+                if before is not None:
+                    after = _scrape(fast_engines)
+                    for key in accepted:
+                        accepted[key] += after[key] - before[key]
+                done, spent = collected[tier]
+                collected[tier] = (done + samples, spent + wall)
+        for tier, (samples, wall) in collected.items():
             results["tiers"][tier][str(level)] = summarize(samples, wall)
-        if before is not None:
-            results["acceptance"] = acceptance_between(before, _scrape(fast_engines)).as_dict()
+    if fast_engines:
+        results["acceptance"] = acceptance_between(dict.fromkeys(accepted, 0.0), accepted).as_dict()
     results["ratios"] = {
         str(level): {
             key: results["tiers"]["fast"][str(level)][key]

@@ -70,7 +70,7 @@ class _Cgroup:
 
     def _v2(self, name: str, limits: JobLimits) -> None:
         path = CGROUP_ROOT / f"tiergate-{name}"
-        path.mkdir()
+        path.mkdir(exist_ok=True)  # left behind by a worker that was killed
         self.paths.append(path)
         (path / "memory.max").write_text(str(limits.memory_mb * 1024 * 1024))
         (path / "pids.max").write_text("256")
@@ -91,7 +91,7 @@ class _Cgroup:
             if not base.is_dir():
                 continue
             path = base / f"tiergate-{name}"
-            path.mkdir()
+            path.mkdir(exist_ok=True)  # left behind by a worker that was killed
             self.paths.append(path)
             for file, value in values.items():
                 (path / file).write_text(value)

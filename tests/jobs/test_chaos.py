@@ -1,0 +1,90 @@
+"""Chaos: 50 jobs while worker processes are killed with SIGKILL every few seconds and
+restarted. Every job must end in a final state, with exactly one result; none is lost."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobstack import jobs_stack
+from tiergate.queue.store import JobStore
+
+JOBS = 50
+
+
+def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TIERGATE_CONFIG": str(config)}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tiergate", "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_no_job_is_lost_while_workers_are_killed(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = ["```bash\necho working > out.txt && sleep 0.3\n```"]
+    spec = {
+        "model": MODEL,
+        "instruction": "work",
+        "limits": {"max_steps": 1},
+        "verifier": {"command": "test -f out.txt"},
+    }
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        jobs = stack.jobs.model_dump(mode="json")
+        jobs["kafka"]["session_timeout_ms"] = 3000
+        jobs["worker"]["concurrency"] = 2
+        config = tmp_path / "worker.yaml"
+        config.write_text(yaml.safe_dump({"jobs": jobs, "gateway": {"log_requests": False}}))
+        ids = [stack.submit(spec)["id"] for _ in range(JOBS)]
+        log = tmp_path / "workers.log"
+        workers = [_start(config, log), _start(config, log)]
+        kills = 0
+        rng = random.Random(7)
+        store = JobStore(stack.jobs.storage)
+        deadline = time.monotonic() + 300
+        try:
+            while True:
+                time.sleep(4)
+                finished = [store.final(job_id) for job_id in ids]
+                if all(finished):
+                    break
+                assert time.monotonic() < deadline, (
+                    f"{sum(1 for f in finished if not f)} jobs unfinished; see {log}"
+                )
+                if kills < 12:
+                    victim = rng.randrange(len(workers))
+                    workers[victim].send_signal(signal.SIGKILL)
+                    workers[victim].wait()
+                    workers[victim] = _start(config, log)
+                    kills += 1
+        finally:
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        assert kills >= 3
+        for job_id in ids:
+            final = store.final(job_id)
+            assert final is not None and final.status.terminal
+            job = httpx.get(f"{stack.base}/v1/jobs/{job_id}").json()
+            assert job["status"] == final.status.value
+            terminal = [
+                e for e in store.events(job_id, 0) if e["type"] == f"job.{final.status.value}"
+            ]
+            assert len(terminal) == 1, (job_id, terminal)
