@@ -50,3 +50,62 @@ def test_losslessness_check_runs_token_by_token(vllm_servers: dict[Tier, VllmSer
     report = losslessness(fast, fast, MODEL, max_tokens=32)
     assert report["prompts"] == 8
     assert report["exact_match_rate"] == 1.0, report["rows"]
+
+
+def _broken_copy(source: Path, out: Path) -> Path:
+    """A deliberately broken 'fast' checkpoint: the standard weights with noise added to
+    every projection (about half the weights' own spread)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, out)
+    generator = torch.Generator().manual_seed(0)
+    for path in out.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        for name, tensor in tensors.items():
+            if name.endswith("proj.weight"):
+                noise = torch.randn(tensor.shape, generator=generator) * tensor.float().std()
+                tensors[name] = (tensor.float() + 0.5 * noise).to(tensor.dtype)
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    (out / MANIFEST).write_text(json.dumps({"scheme": "W8A8", "note": "deliberately broken"}))
+    return out
+
+
+def test_parity_gate_fails_a_broken_checkpoint(
+    vllm_servers: dict[Tier, VllmServer], tmp_path: Path
+) -> None:
+    from tests.servers import free_port
+    from tiergate.backends.launcher import ParityMissing, ensure_parity, start_vllm
+    from tiergate.quant.parity import write_report
+    from tiergate.settings import TierProfile
+    from tiergate.stack import healthy, stop_process_group
+
+    standard = vllm_servers[Tier.STANDARD]
+    broken = _broken_copy(Path(standard.model), tmp_path / "broken-W8A8")
+    profile = TierProfile(model=str(broken), port=free_port(), enforce_eager=True, cpu_cores="1")
+    proc = start_vllm(profile, tmp_path / "broken.log")
+    url = f"http://127.0.0.1:{profile.port}"
+    try:
+        import time
+
+        deadline = time.monotonic() + 300
+        while not healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "broken.log"
+            ).read_text()[-2000:]
+            time.sleep(1)
+        report = evaluate(
+            Endpoint(standard.url, MODEL),
+            Endpoint(url, MODEL),
+            ParityThresholds.for_scheme("W8A8"),
+            progress=lambda m: None,
+        )
+    finally:
+        stop_process_group(proc)
+    assert not report["passed"], render(report, "broken")
+    assert report["perplexity"]["ratio"] > ParityThresholds().max_perplexity_ratio
+    write_report(report, broken, "broken")
+    with pytest.raises(ParityMissing):
+        ensure_parity(profile)

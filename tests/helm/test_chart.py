@@ -109,7 +109,7 @@ def test_fast_tier_runs_the_quantized_checkpoint_with_speculation() -> None:
         "containers"
     ][0]
     assert (
-        '--speculative-config={"method":"ngram","num_speculative_tokens":4,'
+        '--speculative-config={"method":"ngram","num_speculative_tokens":3,'
         '"prompt_lookup_max":4,"prompt_lookup_min":2}' in cpu_fast["args"]
     )
     assert "nvidia.com/gpu" not in cpu_fast["resources"]["limits"]

@@ -85,7 +85,7 @@ def test_fast_profile_renders_speculative_config() -> None:
     cmd = vllm_command(profile, python="/venv/bin/python")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     spec = cmd[cmd.index("--speculative-config") + 1]
-    assert '"method":"ngram"' in spec and '"num_speculative_tokens":4' in spec
+    assert '"method":"ngram"' in spec and '"num_speculative_tokens":3' in spec
     assert cmd[cmd.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
     env = vllm_environment(profile)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
