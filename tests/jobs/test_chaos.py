@@ -16,6 +16,7 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tiergate.queue.schema import Job
 from tiergate.queue.store import JobStore
 
 JOBS = 50
@@ -59,7 +60,9 @@ def test_no_job_is_lost_while_workers_are_killed(
             while True:
                 time.sleep(4)
                 finished = [store.final(job_id) for job_id in ids]
-                if all(finished):
+                # Finished means the terminal record and its event: a worker killed between
+                # the two leaves the event to the job's next delivery.
+                if all(finished) and all(_terminal_events(store, f) for f in finished if f):
                     break
                 assert time.monotonic() < deadline, (
                     f"{sum(1 for f in finished if not f)} jobs unfinished; see {log}"
@@ -84,7 +87,9 @@ def test_no_job_is_lost_while_workers_are_killed(
             assert final is not None and final.status.terminal
             job = httpx.get(f"{stack.base}/v1/jobs/{job_id}").json()
             assert job["status"] == final.status.value
-            terminal = [
-                e for e in store.events(job_id, 0) if e["type"] == f"job.{final.status.value}"
-            ]
+            terminal = _terminal_events(store, final)
             assert len(terminal) == 1, (job_id, terminal)
+
+
+def _terminal_events(store: JobStore, final: Job) -> list[dict[str, object]]:
+    return [e for e in store.events(final.id, 0) if e["type"] == f"job.{final.status.value}"]

@@ -141,6 +141,8 @@ def test_cancel_queued_job_is_final_and_idempotent(
         assert worker.processed == [(job["id"], "skipped")]
         assert stack.wait(job["id"], lambda j: True)["status"] == "cancelled"
         assert model.record.requests == 0
+        events = _sse(httpx.get(f"{stack.base}/v1/jobs/{job['id']}/events", timeout=30).text)
+        assert [e["type"] for e in events] == ["job.queued", "job.cancelled"]
 
 
 def test_cancel_running_job_stops_it_within_seconds(

@@ -164,7 +164,9 @@ class JobsAPI:
             if job.status is JobStatus.QUEUED:
                 job.status = JobStatus.CANCELLED
                 job.completed_at = int(time.time())
-                if not await asyncio.to_thread(self._store.finalize, job):
+                if await asyncio.to_thread(self._store.finalize, job):
+                    await asyncio.to_thread(self._cancelled_event, job)
+                else:
                     current = await asyncio.to_thread(self._store.get, job_id)
                     job = current or job
             else:
@@ -174,6 +176,19 @@ class JobsAPI:
         except StorageError as exc:
             raise _unavailable("store", exc) from exc
         return _json(await self._public(job))
+
+    def _cancelled_event(self, job: Job) -> None:
+        sequence = self._store.last_sequence(job.id) + 1
+        self._store.append_event(
+            job.id,
+            sequence,
+            {
+                "type": "job.cancelled",
+                "status": "cancelled",
+                "created_at": int(time.time()),
+                "job": job.model_dump(mode="json", exclude={"owner"}),
+            },
+        )
 
     async def events(self, request: Request, job_id: str, starting_after: int) -> Response:
         await self._owned(request, job_id)
@@ -201,6 +216,12 @@ class JobsAPI:
                 elif idle >= 15.0:
                     idle = 0.0
                     yield b": keep-alive\n\n"
+                    # A finished job whose terminal event never came (its worker died in
+                    # between; the next delivery writes it) must not hold the stream open.
+                    job = await asyncio.to_thread(self._store.final, job_id)
+                    if job is not None:
+                        yield b"data: [DONE]\n\n"
+                        return
                 await asyncio.sleep(0.5)
                 idle += 0.5
 

@@ -78,7 +78,11 @@ class JobRunner:
     # -- the job ----------------------------------------------------------------------------
 
     def process(self, message: JobMessage) -> Outcome:
-        if self._store.final(message.id) is not None:
+        final = self._store.final(message.id)
+        if final is not None:
+            # A worker may have died between the terminal record and its event: the event
+            # stream must still end, so the event is written now.
+            self._ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
         job = self._store.get(message.id) or Job(
@@ -239,6 +243,15 @@ class JobRunner:
             )
         else:
             log.info("job %s: terminal record already written by another writer", job.id)
+
+    def _ensure_terminal_event(self, job: Job) -> None:
+        kind = f"job.{job.status.value}"
+        if any(e["type"] == kind for e in self._store.events(job.id, 0)):
+            return
+        events = _Events(self._store, job.id, self._store.last_sequence(job.id))
+        events.emit(
+            kind, status=job.status.value, job=job.model_dump(mode="json", exclude={"owner"})
+        )
 
     # -- failure ----------------------------------------------------------------------------
 
