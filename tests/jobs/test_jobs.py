@@ -103,6 +103,8 @@ def test_bad_job_specs_are_refused_and_nothing_is_queued(
             assert resp.status_code == status, (body, resp.text)
             assert resp.json()["error"]["param"] == param
         assert httpx.post(url, content=b"{").json()["error"]["code"] == "invalid_json"
+        huge = {**TASK, "workspace": {"files": {"big.txt": "x" * (5 * 1024 * 1024)}}}
+        assert httpx.post(url, json=huge).json()["error"]["code"] == "request_too_large"
         assert httpx.get(url).json()["data"] == []
 
 

@@ -92,6 +92,7 @@ def create_app(settings: Settings) -> FastAPI:
                 queue,
                 gatekeeper,
                 lambda: {name for pool in pools.values() for name in pool.model_names},
+                settings.gateway.max_body_bytes,
             )
         for pool in pools.values():
             await pool.start()

@@ -44,8 +44,14 @@ def _unavailable(what: str, exc: Exception) -> OpenAIError:
 
 class JobsAPI:
     def __init__(
-        self, store: JobStore, queue: JobQueue, gatekeeper: Gatekeeper, served_models: Any
+        self,
+        store: JobStore,
+        queue: JobQueue,
+        gatekeeper: Gatekeeper,
+        served_models: Any,
+        max_body_bytes: int,
     ) -> None:
+        self._max_body_bytes = max_body_bytes
         self._store = store
         self._queue = queue
         self._gatekeeper = gatekeeper
@@ -73,7 +79,16 @@ class JobsAPI:
 
     async def create(self, request: Request) -> Response:
         caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
-        body = parse_body(await request.body())
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self._max_body_bytes:
+                raise OpenAIError(
+                    413,
+                    f"The request body exceeds {self._max_body_bytes} bytes.",
+                    code="request_too_large",
+                )
+        body = parse_body(raw)
         try:
             spec = JobCreate.model_validate(body)
         except ValidationError as exc:
