@@ -54,6 +54,15 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     raise AssertionError(f"no {kind} {name}")
 
 
+def _use_gateway_config(
+    docs: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point TIERGATE_CONFIG at the gateway configuration the chart rendered."""
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])
+    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+
+
 def containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     found = []
     for doc in docs:
@@ -119,9 +128,7 @@ def test_gateway_configuration_lists_both_tiers_services(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = render(CHART / "ci" / "gpu-production.yaml")
-    config = tmp_path / "tiergate.yaml"
-    config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])
-    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    _use_gateway_config(docs, tmp_path, monkeypatch)
     settings = load_settings()
     for tier in ("standard", "fast"):
         dns = settings.tiers[tier].dns  # type: ignore[index]
@@ -210,9 +217,7 @@ def test_worker_and_gateway_settings_are_ones_tiergate_accepts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = render(CHART / "ci" / "gpu-production.yaml")
-    config = tmp_path / "tiergate.yaml"
-    config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])
-    monkeypatch.setenv("TIERGATE_CONFIG", str(config))
+    _use_gateway_config(docs, tmp_path, monkeypatch)
     gateway = load_settings()
     assert gateway.jobs.enabled and gateway.jobs.kafka.bootstrap_servers.startswith("kafka-0")
     monkeypatch.delenv("TIERGATE_CONFIG")
