@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.selection import parse_body
+from tiergate.gateway.selection import parse_body, read_body
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.schema import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.store import JobStore, StorageError
@@ -79,16 +79,7 @@ class JobsAPI:
 
     async def create(self, request: Request) -> Response:
         caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > self._max_body_bytes:
-                raise OpenAIError(
-                    413,
-                    f"The request body exceeds {self._max_body_bytes} bytes.",
-                    code="request_too_large",
-                )
-        body = parse_body(raw)
+        body = parse_body(await read_body(request, self._max_body_bytes))
         try:
             spec = JobCreate.model_validate(body)
         except ValidationError as exc:

@@ -24,6 +24,7 @@ from tiergate.gateway.selection import (
     TIER_HEADER,
     InspectedRequest,
     inspect,
+    read_body,
     upstream_body,
 )
 from tiergate.gateway.streaming import EventStreamResponse, StreamOutcome, relay_events
@@ -107,7 +108,7 @@ class CompletionsProxy:
         try:
             caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
             fields["key"] = caller.name
-            raw = await self._read_body(request)
+            raw = await read_body(request, self._settings.gateway.max_body_bytes)
             req = inspect(
                 raw,
                 request.headers.get(TIER_HEADER),
@@ -262,23 +263,6 @@ class CompletionsProxy:
         return EventStreamResponse(body, cleanup=lambda: finish(outcome), headers=headers)
 
     # -- helpers ---------------------------------------------------------------------------
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self._settings.gateway.max_body_bytes
-        too_large = OpenAIError(
-            413, f"The request body exceeds {limit} bytes.", code="request_too_large"
-        )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _check_model(self, model: str) -> None:
         if self._serves(model):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from starlette.requests import Request
 
 from tiergate.gateway.errors import OpenAIError
 from tiergate.tiers import ACCEPTED_WORDS, Tier, UnknownTierError, parse_requested_tier
@@ -39,6 +40,25 @@ class InspectedRequest:
     @property
     def explicit_tier(self) -> bool:
         return self.choice.reason in ("requested", "header")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit``
+    (from Content-Length, or while reading a chunked body)."""
+    too_large = OpenAIError(
+        413, f"The request body exceeds {limit} bytes.", code="request_too_large"
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
