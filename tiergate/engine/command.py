@@ -1,9 +1,8 @@
-"""Launching vLLM for a tier from its profile."""
+"""vLLM's command line and environment for a tier profile."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,25 +10,6 @@ from tiergate.settings import TierProfile
 from tiergate.speculative.config import to_vllm_json
 
 _TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
-
-
-class ParityMissing(Exception):
-    """A quantized fast-tier checkpoint without a passing parity report."""
-
-
-def ensure_parity(profile: TierProfile, skip: bool = False) -> None:
-    """Refuse a quantized checkpoint (one built by ``tiergate quant build``) that has no
-    passing ``tiergate quant verify`` report, unless told explicitly to skip the check."""
-    from tiergate.quant.build import MANIFEST
-    from tiergate.quant.parity import REPORT, has_passing_report
-
-    path = Path(profile.model)
-    if skip or not (path / MANIFEST).is_file() or has_passing_report(path):
-        return
-    raise ParityMissing(
-        f"{path} is a quantized checkpoint without a passing parity report ({path / REPORT}); "
-        "run `tiergate quant verify`, or pass --skip-parity-check"
-    )
 
 
 def vllm_command(profile: TierProfile, python: str = sys.executable) -> list[str]:
@@ -78,20 +58,3 @@ def vllm_environment(profile: TierProfile, python: str = sys.executable) -> dict
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     return env
-
-
-def start_vllm(profile: TierProfile, log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start a tier's vLLM server in its own process group (so that stopping it stops all
-    of its workers) and return the process."""
-    out = log_path.open("ab") if log_path is not None else None
-    try:
-        return subprocess.Popen(
-            vllm_command(profile),
-            env=vllm_environment(profile),
-            stdout=out,
-            stderr=subprocess.STDOUT if out is not None else None,
-            start_new_session=True,
-        )
-    finally:
-        if out is not None:
-            out.close()

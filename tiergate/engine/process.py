@@ -1,0 +1,167 @@
+"""Starting, warming and stopping vLLM servers.
+
+An engine is *ready* only when ``/health`` answers and a warm-up request has been served:
+the first real request after start-up then takes the time later ones take (vLLM answers
+``/health`` before its first forward pass has run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiergate.engine.command import vllm_command, vllm_environment
+from tiergate.settings import TierProfile
+
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def healthy(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def warm_up(url: str, model: str, timeout: float = 300.0) -> float:
+    """Serve one short chat completion and one streamed one; return the seconds taken."""
+    started = time.monotonic()
+    for stream in (False, True):
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": stream,
+        }
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            resp.read()
+    return time.monotonic() - started
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def start_vllm(profile: TierProfile, log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a tier's vLLM server in its own process group (so that stopping it stops all
+    of its workers) and return the process."""
+    out = log_path.open("ab") if log_path is not None else None
+    try:
+        return subprocess.Popen(
+            vllm_command(profile),
+            env=vllm_environment(profile),
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,
+        )
+    finally:
+        if out is not None:
+            out.close()
+
+
+class EngineFailed(RuntimeError):
+    """An engine exited or did not become ready in time; the message names its log."""
+
+
+def _log_tail(log: Path | None, chars: int = 2000) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return "\n" + log.read_text(errors="replace")[-chars:]
+
+
+@dataclass
+class Engine:
+    """A started vLLM server."""
+
+    name: str
+    url: str
+    model: str
+    proc: subprocess.Popen[bytes] | None
+    log: Path | None = None
+
+    def stop(self, grace: float = 15.0) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc, grace)
+
+
+def wait_ready(engines: list[Engine], budget: float = 600.0, progress: Progress = _quiet) -> None:
+    """Wait until every engine is healthy and warmed up; fail early if one exits."""
+    started = time.monotonic()
+    pending = list(engines)
+    last_said = 0.0
+    while pending:
+        for engine in list(pending):
+            if engine.proc is not None and engine.proc.poll() is not None:
+                raise EngineFailed(
+                    f"{engine.name}: vLLM exited with {engine.proc.returncode}; "
+                    f"see {engine.log}{_log_tail(engine.log)}"
+                )
+            if healthy(engine.url):
+                seconds = warm_up(engine.url, engine.model)
+                progress(
+                    f"{engine.name} ready at {engine.url} "
+                    f"({time.monotonic() - started:.0f}s, warm-up {seconds:.1f}s)"
+                )
+                pending.remove(engine)
+        elapsed = time.monotonic() - started
+        if pending and elapsed > budget:
+            names = ", ".join(e.name for e in pending)
+            raise EngineFailed(f"not ready after {budget:.0f}s: {names}")
+        if pending:
+            if elapsed - last_said >= 10:
+                last_said = elapsed
+                names = ", ".join(e.name for e in pending)
+                progress(f"waiting for {names} ({elapsed:.0f}s)")
+            time.sleep(1)
+
+
+@contextmanager
+def launched(
+    name: str,
+    profile: TierProfile,
+    log: Path,
+    budget: float = 600.0,
+    progress: Progress = _quiet,
+) -> Iterator[Engine]:
+    """Start an engine, wait until it is ready, and stop it when the block ends."""
+    engine = Engine(
+        name,
+        f"http://{profile.host}:{profile.port}",
+        profile.served_model_name,
+        start_vllm(profile, log),
+        log,
+    )
+    try:
+        wait_ready([engine], budget, progress)
+        yield engine
+    finally:
+        engine.stop()

@@ -1,0 +1,116 @@
+"""What each tier runs and the evidence for it, for callers (``GET /v1/tiers``) and
+operators (``/metrics``): read from the tuner's decision file, re-read when it changes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tiergate.evidence import TierDecision
+from tiergate.tiers import Tier
+
+
+class TierEvidence:
+    """The decision at ``path`` (``None``: the tiers run what they were configured with)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = Path(path) if path else None
+        self._stamp: tuple[int, int] | None = None
+        self._decision: TierDecision | None = None
+
+    def decision(self) -> TierDecision | None:
+        if self._path is None:
+            return None
+        try:
+            stat = os.stat(self._path)
+        except OSError:
+            self._stamp, self._decision = None, None
+            return None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            self._stamp, self._decision = stamp, TierDecision.load(self._path)
+        return self._decision
+
+    def describe(self) -> dict[str, Any]:
+        """The body of ``GET /v1/tiers``."""
+        decision = self.decision()
+        standard: dict[str, Any] = {
+            "tier": Tier.STANDARD.value,
+            "service_tier": Tier.STANDARD.openai_name,
+            "runs": "the reference weights, as configured",
+        }
+        fast: dict[str, Any] = {
+            "tier": Tier.FAST.value,
+            "service_tier": Tier.FAST.openai_name,
+        }
+        if decision is None:
+            fast["runs"] = "as configured (no tuner decision is published by this gateway)"
+            return {"object": "list", "data": [standard, fast], "decision": None}
+        chosen = decision.chosen
+        fast.update(
+            {
+                "runs": decision.recipe_name,
+                "recipe": chosen.model_dump(mode="json") if chosen else None,
+                "verdict": decision.verdict,
+                "reason": decision.reason,
+                "speedup": decision.speedup,
+                "parity": next(
+                    (
+                        c.parity.model_dump(mode="json")
+                        for c in decision.candidates
+                        if c.status == "chosen" and c.parity is not None
+                    ),
+                    None,
+                ),
+                "decided_at": int(decision.decided_at),
+                "hardware": decision.fingerprint,
+            }
+        )
+        return {"object": "list", "data": [standard, fast], "decision": decision.public()}
+
+
+class TierEvidenceCollector(Collector):
+    """``tiergate_tier_recipe_info`` and ``tiergate_tier_speedup`` at scrape time."""
+
+    def __init__(self, evidence: TierEvidence) -> None:
+        self._evidence = evidence
+
+    def collect(self) -> Iterator[Metric]:
+        decision = self._evidence.decision()
+        if decision is None:
+            return
+        info = GaugeMetricFamily(
+            "tiergate_tier_recipe_info",
+            "What the fast tier runs, as measured and decided on this hardware (always 1)",
+            labels=["tier", "recipe", "verdict", "cpu", "engine_mode"],
+        )
+        info.add_metric(
+            [
+                Tier.FAST.value,
+                decision.recipe_name,
+                decision.verdict,
+                decision.fingerprint.get("cpu", "unknown"),
+                decision.engine_mode,
+            ],
+            1.0,
+        )
+        speedup = GaugeMetricFamily(
+            "tiergate_tier_speedup",
+            "Fast/standard ratio of median time per output token, measured by the tuner",
+            labels=["tier", "concurrency"],
+        )
+        for level, value in decision.speedup.items():
+            speedup.add_metric([Tier.FAST.value, level], value)
+        decided = GaugeMetricFamily(
+            "tiergate_tier_decision_timestamp_seconds",
+            "When the fast tier's recipe was measured and decided",
+            value=decision.decided_at,
+        )
+        yield info
+        yield speedup
+        yield decided

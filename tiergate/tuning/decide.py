@@ -1,0 +1,106 @@
+"""The choice of the fast tier from measured candidates: one pure function.
+
+The fastest recipe that passed parity wins if it is at least ``min_speedup`` faster than
+the standard tier at the first (lowest) concurrency level and not slower than
+``min_any_level`` at any level. Otherwise the fast tier runs the best lossless recipe that
+passed parity and is nowhere slower, or, when there is none, the standard configuration
+itself: never a fast tier that is slower or unproven.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiergate.evidence import CandidateResult, ParitySummary, Verdict
+from tiergate.settings import Recipe
+
+
+@dataclass(frozen=True)
+class Choice:
+    recipe: Recipe | None
+    verdict: Verdict
+    reason: str
+    speedup: dict[str, float]
+
+
+def _nowhere_slower(result: CandidateResult, min_any_level: float) -> bool:
+    return bool(result.speedup) and min(result.speedup.values()) >= min_any_level
+
+
+def _primary(result: CandidateResult, level: str) -> float:
+    return result.speedup.get(level, 0.0)
+
+
+def choose(
+    results: list[CandidateResult],
+    min_speedup: float,
+    min_any_level: float,
+    primary_level: str = "1",
+) -> Choice:
+    proven = [
+        r
+        for r in results
+        if r.parity is not None and r.parity.passed and _nowhere_slower(r, min_any_level)
+    ]
+    # Ties go to the lossless recipe: the same speed for less risk.
+    rank = sorted(
+        proven, key=lambda r: (_primary(r, primary_level), r.recipe.lossless), reverse=True
+    )
+    for result in rank:
+        if _primary(result, primary_level) >= min_speedup:
+            return Choice(
+                result.recipe,
+                "faster",
+                f"{result.recipe.name} is the fastest recipe that passed parity: "
+                f"{_primary(result, primary_level):.2f}x at concurrency {primary_level}",
+                dict(result.speedup),
+            )
+    for result in rank:
+        if result.recipe.lossless:
+            return Choice(
+                result.recipe,
+                "equal",
+                f"no recipe was {min_speedup:.2f}x faster with parity on this hardware; "
+                f"running the best lossless one ({result.recipe.name}, "
+                f"{_primary(result, primary_level):.2f}x)",
+                dict(result.speedup),
+            )
+    return Choice(
+        None,
+        "equal",
+        f"no recipe was {min_speedup:.2f}x faster with parity on this hardware, and no "
+        "lossless one was at least as fast; the fast tier runs the standard configuration",
+        {level: 1.0 for r in results for level in r.speedup} or {primary_level: 1.0},
+    )
+
+
+def worth_judging(
+    candidate: CandidateResult,
+    others: list[CandidateResult],
+    min_speedup: float,
+    min_any_level: float,
+    primary_level: str = "1",
+) -> bool:
+    """Whether a parity judgement could change the choice: would ``candidate`` be chosen
+    over ``others`` if it passed? Judging only such candidates bounds the tuning time."""
+    if not _nowhere_slower(candidate, min_any_level):
+        return False
+    if candidate.parity is not None and not candidate.parity.passed:
+        return False
+    hypothetical = candidate.model_copy(update={"parity": _ASSUMED_PASS})
+    choice = choose([*others, hypothetical], min_speedup, min_any_level, primary_level)
+    return choice.recipe is not None and choice.recipe == candidate.recipe
+
+
+_ASSUMED_PASS = ParitySummary(
+    passed=True,
+    next_token_agreement=1.0,
+    agreement_low=1.0,
+    kl_mean=0.0,
+    kl_high=0.0,
+    task_difference=0.0,
+    task_difference_low=0.0,
+    tasks=0,
+    positions=0,
+    seconds=0.0,
+)

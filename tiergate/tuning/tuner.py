@@ -1,0 +1,256 @@
+"""``tiergate tune``: measure every candidate recipe against the standard tier on this
+machine, judge the parity of those that could win, and write the decision.
+
+One standard engine runs throughout (on the standard tier's cores); each candidate runs in
+turn on the fast tier's cores, as it would serve. A candidate is judged for parity only if
+passing would make it the choice (:func:`worth_judging`), and a candidate is not started
+when the budget left is smaller than the longest candidate so far took: the first tuning
+is bounded, and a reuse (same fingerprint, same inputs) costs a file read.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tiergate.bench.ports import free_ports
+from tiergate.engine.process import Engine, EngineFailed, launched
+from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
+from tiergate.quant.parity import Endpoint, ParityThresholds, evaluate, summary, write_report
+from tiergate.settings import Recipe, Settings, TierProfile, default_cache_dir
+from tiergate.speculative.measure import acceptance_between, spec_counters
+from tiergate.tiers import Tier
+from tiergate.tuning.decide import choose, worth_judging
+from tiergate.tuning.fingerprint import digest, hardware_fingerprint
+from tiergate.tuning.profiles import recipe_profile
+from tiergate.tuning.report import render_decision
+from tiergate.tuning.speed import measure_speed
+
+Progress = Callable[[str], None]
+
+# Until one candidate has been timed: an eager start, the speed rounds and a parity run.
+_FIRST_ESTIMATE_SECONDS = 150.0
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def inputs_digest(settings: Settings) -> str:
+    """What the decision answers for besides the hardware: the standard checkpoint, the
+    candidates, the thresholds and the way speed is measured."""
+    standard = settings.profiles[Tier.STANDARD]
+    tuning = settings.tuning.model_dump(mode="json", exclude={"decision_file", "budget_seconds"})
+    return digest(
+        {
+            "standard": [standard.model, standard.dtype, standard.enforce_eager],
+            "fast_eager": settings.profiles[Tier.FAST].enforce_eager,
+            "tuning": tuning,
+            "parity": ParityThresholds().model_dump(),
+        }
+    )
+
+
+def current_decision(settings: Settings) -> TierDecision | None:
+    """The stored decision if it holds for this machine and these inputs, else ``None``."""
+    decision = TierDecision.load(settings.tuning.decision_path())
+    if decision is None:
+        return None
+    if decision.fingerprint_digest != digest(hardware_fingerprint()):
+        return None
+    if decision.inputs_digest != inputs_digest(settings):
+        return None
+    return decision
+
+
+@contextmanager
+def _standard_engine(
+    settings: Settings, url: str | None, logs: Path, progress: Progress
+) -> Iterator[Engine]:
+    profile = settings.profiles[Tier.STANDARD]
+    if url is not None:
+        yield Engine("standard", url.rstrip("/"), profile.served_model_name, None)
+        return
+    profile = profile.model_copy(update={"port": free_ports()[0]})
+    progress(f"starting the standard engine on cores {profile.cpu_cores}")
+    with launched("standard", profile, logs / "tune-standard.log", progress=progress) as engine:
+        yield engine
+
+
+class Tuner:
+    """One tuning run over the settings' candidates."""
+
+    def __init__(self, settings: Settings, progress: Progress = print) -> None:
+        self.settings = settings
+        self.tuning = settings.tuning
+        self.progress = progress
+        self.thresholds = ParityThresholds()
+        self.report_dir = self.tuning.decision_path().parent / "tuning"
+
+    def run(self, standard_url: str | None = None) -> TierDecision:
+        started = time.monotonic()
+        fingerprint = hardware_fingerprint()
+        self.progress(
+            f"tuning the fast tier on {fingerprint['cpu']} ({fingerprint['cores']} cores, "
+            f"{fingerprint['isa']}); {len(self.tuning.candidates)} candidates, budget "
+            f"{self.tuning.budget_seconds:.0f}s"
+        )
+        logs = default_cache_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        results: list[CandidateResult] = []
+        with _standard_engine(self.settings, standard_url, logs, self.progress) as standard:
+            longest = _FIRST_ESTIMATE_SECONDS
+            for index, recipe in enumerate(self.tuning.candidates, 1):
+                elapsed = time.monotonic() - started
+                if elapsed + longest > self.tuning.budget_seconds:
+                    self.progress(f"[{index}] {recipe.name}: skipped (budget)")
+                    results.append(
+                        CandidateResult(recipe=recipe, status="skipped", note="tuning budget")
+                    )
+                    continue
+                self.progress(f"[{index}/{len(self.tuning.candidates)}] {recipe.name}")
+                t0 = time.monotonic()
+                results.append(self._candidate(recipe, standard, results, logs))
+                longest = max(longest if index > 1 else 0.0, time.monotonic() - t0)
+        decision = self._decide(results, fingerprint, time.monotonic() - started)
+        path = self.tuning.decision_path()
+        decision.save(path)
+        path.with_suffix(".md").write_text(render_decision(decision))
+        self.progress(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
+        return decision
+
+    def _candidate(
+        self,
+        recipe: Recipe,
+        standard: Engine,
+        earlier: list[CandidateResult],
+        logs: Path,
+    ) -> CandidateResult:
+        fast = self.settings.profiles[Tier.FAST]
+        try:
+            profile = recipe_profile(
+                fast, recipe, self.settings.profiles[Tier.STANDARD].model, build=True
+            )
+        except (SystemExit, OSError, RuntimeError) as exc:
+            return CandidateResult(recipe=recipe, status="error", note=f"build failed: {exc}")
+        profile = profile.model_copy(update={"port": free_ports()[0]})
+        try:
+            with launched(
+                recipe.name,
+                profile,
+                logs / f"tune-{_slug(recipe.name)}.log",
+                progress=self.progress,
+            ) as engine:
+                return self._measure(recipe, profile, standard, engine, earlier)
+        except (EngineFailed, RuntimeError, OSError) as exc:
+            self.progress(f"  {recipe.name}: {exc}")
+            return CandidateResult(recipe=recipe, status="error", note=str(exc)[:500])
+
+    def _measure(
+        self,
+        recipe: Recipe,
+        profile: TierProfile,
+        standard: Engine,
+        engine: Engine,
+        earlier: list[CandidateResult],
+    ) -> CandidateResult:
+        import httpx
+
+        before = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
+        speed = measure_speed(
+            standard.url,
+            engine.url,
+            engine.model,
+            self.tuning.levels,
+            self.tuning.requests_per_level,
+            self.tuning.max_tokens,
+            self.tuning.rounds,
+            self.progress,
+        )
+        after = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
+        result = CandidateResult(
+            recipe=recipe,
+            status="too slow",
+            speedup=speed.speedup,
+            tpot_ms=speed.candidate_tpot_ms,
+            standard_tpot_ms=speed.standard_tpot_ms,
+            acceptance_rate=acceptance_between(before, after).rate if recipe.speculative else None,
+        )
+        if not worth_judging(
+            result,
+            earlier,
+            self.tuning.min_speedup,
+            self.tuning.min_speedup_any_level,
+            self._primary(),
+        ):
+            self.progress(f"  {recipe.name}: cannot be chosen at this speed; parity not judged")
+            return result
+        self.progress(f"  {recipe.name}: judging parity")
+        report = evaluate(
+            Endpoint(standard.url, standard.model),
+            Endpoint(engine.url, engine.model),
+            self.thresholds,
+            progress=lambda m: self.progress(f"  parity: {m}"),
+        )
+        folder = self.report_dir / _slug(recipe.name)
+        write_report(report, folder, f"{recipe.name} vs standard")
+        if report["passed"] and recipe.quantize is not None:
+            # The launch gate reads the report beside the checkpoint it guards.
+            write_report(report, Path(profile.model), f"{recipe.name} vs standard")
+        self.progress(
+            f"  parity {'passed' if report['passed'] else 'FAILED'}: {folder / 'parity-report.md'}"
+        )
+        return result.model_copy(update={"parity": ParitySummary(**summary(report))})
+
+    def _primary(self) -> str:
+        return str(min(self.tuning.levels))
+
+    def _decide(
+        self, results: list[CandidateResult], fingerprint: dict[str, str], seconds: float
+    ) -> TierDecision:
+        choice = choose(
+            results, self.tuning.min_speedup, self.tuning.min_speedup_any_level, self._primary()
+        )
+        marked = []
+        for r in results:
+            status = r.status
+            if choice.recipe is not None and r.recipe == choice.recipe:
+                status = "chosen"
+            elif r.parity is not None:
+                status = "passed" if r.parity.passed else "failed parity"
+            marked.append(r.model_copy(update={"status": status}))
+        eager = self.settings.profiles[Tier.FAST].enforce_eager
+        return TierDecision(
+            fingerprint=fingerprint,
+            fingerprint_digest=digest(fingerprint),
+            inputs_digest=inputs_digest(self.settings),
+            decided_at=time.time(),
+            seconds=round(seconds, 1),
+            engine_mode="eager" if eager else "compiled",
+            chosen=choice.recipe,
+            verdict=choice.verdict,
+            reason=choice.reason,
+            speedup=choice.speedup,
+            candidates=marked,
+        )
+
+
+def ensure_decision(
+    settings: Settings, progress: Progress = print, standard_url: str | None = None
+) -> TierDecision:
+    """The valid decision for this machine: reused when it matches, else tuned now."""
+    decision = current_decision(settings)
+    if decision is not None:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(decision.decided_at))
+        progress(
+            f"reusing the tier decision of {when} for this hardware: "
+            f"{decision.recipe_name} ({decision.verdict})"
+        )
+        return decision
+    stored = TierDecision.load(settings.tuning.decision_path())
+    if stored is not None:
+        progress("the stored tier decision was made on other hardware or inputs; tuning again")
+    return Tuner(settings, progress).run(standard_url)
