@@ -250,6 +250,9 @@ class TuningSettings(_Section):
     max_tokens: int = Field(128, ge=8)
     rounds: int = Field(2, ge=1)
     budget_seconds: float = Field(900.0, gt=0)
+    # Judge parity on an evenly spaced subset of the task suite (None: all of it). Only for
+    # reduced runs such as the tests': a verdict on fewer tasks is less certain.
+    parity_max_tasks: int | None = Field(None, ge=10)
     # A decision is reused while it matches this machine; the file lives beside the models.
     decision_file: str | None = None
 

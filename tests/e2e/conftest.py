@@ -7,8 +7,6 @@ never skips them.
 from __future__ import annotations
 
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +14,26 @@ from pathlib import Path
 import pytest
 
 from tests.servers import free_port, gateway_settings, running_gateway
-from tiergate.backends.launcher import start_vllm
+from tiergate.engine.process import Engine, start_vllm, stop_process_group, wait_ready
 from tiergate.quant.prepare import prepare_profile_model
-from tiergate.settings import DEFAULT_MODEL_NAME, load_settings
-from tiergate.stack import stop_process_group
+from tiergate.settings import DEFAULT_MODEL_NAME, Recipe, load_settings
 from tiergate.tiers import Tier
+from tiergate.tuning.profiles import recipe_profile
 
 MODEL = DEFAULT_MODEL_NAME
 START_BUDGET_SECONDS = 600
+# The session's fast tier runs a lossless recipe (the same weights with ngram speculation):
+# what the tuner would pick depends on the processor, and these tests must pass on any.
+# The tuner itself is run end to end in tests/e2e/test_tuning.py.
+FAST_RECIPE = Recipe(
+    name="bf16 + ngram",
+    speculative={
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    },
+)
 
 
 @dataclass
@@ -38,46 +48,29 @@ class VllmServer:
         stop_process_group(self.proc, grace=0)
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Tier, VllmServer]]:
     logs = tmp_path_factory.mktemp("vllm-logs")
     profiles = load_settings().profiles
+    standard_model = str(prepare_profile_model(profiles[Tier.STANDARD]))
+    chosen = {
+        Tier.STANDARD: profiles[Tier.STANDARD],
+        Tier.FAST: recipe_profile(profiles[Tier.FAST], FAST_RECIPE, standard_model),
+    }
     servers: dict[Tier, VllmServer] = {}
-    for tier in Tier:
-        # The default profiles, as `make up` runs them (the fast tier's quantized checkpoint
-        # is built if missing); its parity is what tests/e2e/test_fast_tier.py judges.
-        prepare_profile_model(profiles[tier])
-        profile = profiles[tier].model_copy(update={"port": free_port(), "enforce_eager": True})
+    for tier, profile in chosen.items():
+        profile = profile.model_copy(update={"port": free_port(), "enforce_eager": True})
         log = logs / f"{tier.value}.log"
         servers[tier] = VllmServer(
-            tier,
-            f"http://127.0.0.1:{profile.port}",
-            start_vllm(profile, log),
-            log,
-            profile.model,
+            tier, f"http://127.0.0.1:{profile.port}", start_vllm(profile, log), log, profile.model
         )
     try:
-        deadline = time.monotonic() + START_BUDGET_SECONDS
-        pending = set(servers)
-        while pending:
-            for tier in list(pending):
-                server = servers[tier]
-                if server.proc.poll() is not None:
-                    tail = server.log.read_text(errors="replace")[-3000:]
-                    pytest.fail(f"vLLM for the {tier.value} tier exited:\n{tail}")
-                if _healthy(server.url):
-                    pending.discard(tier)
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not healthy after {START_BUDGET_SECONDS}s: {pending}")
-            time.sleep(1)
+        engines = [Engine(t.value, s.url, MODEL, s.proc, s.log) for t, s in servers.items()]
+        try:
+            # Ready means warmed up: the first test's request takes the time later ones do.
+            wait_ready(engines, START_BUDGET_SECONDS)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         yield servers
     finally:
         for server in servers.values():

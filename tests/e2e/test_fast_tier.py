@@ -1,5 +1,6 @@
-"""The fast tier's promise, checked on the real servers: its quantized checkpoint answers
-like the standard tier (the parity gate), and its speculation is measured."""
+"""The fast tier's promise, checked on the real servers: the parity judge passes a lossless
+recipe and fails a broken checkpoint, speculation is measured, and speculative greedy
+output is compared with the same weights served without speculation."""
 
 from __future__ import annotations
 
@@ -9,47 +10,63 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import MODEL, VllmServer
-from tiergate.quant.build import MANIFEST
-from tiergate.quant.parity import Endpoint, ParityThresholds, evaluate, render
+from tests.servers import free_port
+from tiergate.engine.gate import MANIFEST, ParityMissing, ensure_parity
+from tiergate.engine.process import launched
+from tiergate.quant.parity import (
+    Endpoint,
+    ParityThresholds,
+    evaluate,
+    render,
+    task_subset,
+    write_report,
+)
+from tiergate.settings import TierProfile
 from tiergate.speculative.measure import losslessness, measure_acceptance
 from tiergate.tiers import Tier
 
 pytestmark = pytest.mark.e2e
 
 
-def test_fast_checkpoint_passes_the_parity_gate(
+def test_a_lossless_recipe_passes_the_parity_gate(
     vllm_servers: dict[Tier, VllmServer], tmp_path: Path
 ) -> None:
-    fast = vllm_servers[Tier.FAST]
-    manifest = json.loads((Path(fast.model) / MANIFEST).read_text())
-    assert manifest["format"] == "compressed-tensors" and manifest["lm_head"] == "unquantized"
-    assert manifest["size_bytes"] < manifest["source_size_bytes"]
+    # The session's fast tier: the standard weights with ngram speculation.
     report = evaluate(
         Endpoint(vllm_servers[Tier.STANDARD].url, MODEL),
-        Endpoint(fast.url, MODEL),
-        ParityThresholds.for_scheme(manifest["scheme"]),
+        Endpoint(vllm_servers[Tier.FAST].url, MODEL),
         progress=lambda m: None,
     )
     (tmp_path / "parity.md").write_text(render(report, "e2e"))
-    assert report["perplexity"]["standard"] > 1
-    assert report["top1_agreement"]["standard_vs_itself"] > 0.9
+    assert report["positions"] >= 2000, "the judgement rests on thousands of positions"
+    assert report["tasks"]["total"] >= 150
     assert report["tasks"]["standard_passed"] > 0
-    assert report["passed"], render(report, "e2e")
+    # Same weights, teacher-forced: the distributions match up to the engine's numerics.
+    assert report["next_token_agreement"] > 0.98
+    assert report["kl_mean"] < 0.01
+    assert report["passed"], render(report, "lossless")
 
 
 def test_fast_tier_speculation_is_measured(vllm_servers: dict[Tier, VllmServer]) -> None:
     acceptance = measure_acceptance(vllm_servers[Tier.FAST].url, MODEL, max_tokens=64)
     assert acceptance.drafts > 0 and acceptance.draft_tokens >= acceptance.drafts
     assert 0 < acceptance.rate <= 1
-    assert 1 < acceptance.mean_length <= 5  # at most num_speculative_tokens + 1
+    assert 1 < acceptance.mean_length <= 4  # at most num_speculative_tokens + 1
 
 
-def test_losslessness_check_runs_token_by_token(vllm_servers: dict[Tier, VllmServer]) -> None:
-    # The same speculative engine twice: greedy decoding must repeat itself exactly.
-    fast = vllm_servers[Tier.FAST].url
-    report = losslessness(fast, fast, MODEL, max_tokens=32)
+def test_speculation_keeps_the_output_of_the_same_weights_without_it(
+    vllm_servers: dict[Tier, VllmServer],
+) -> None:
+    # Speculative decoding verifies every drafted token, so greedy output matches the same
+    # weights decoded one token at a time, up to bf16 numerics: the verification batch has
+    # another shape, which can flip a near-tie late in an answer.
+    report = losslessness(
+        vllm_servers[Tier.FAST].url, vllm_servers[Tier.STANDARD].url, MODEL, max_tokens=64
+    )
     assert report["prompts"] == 8
-    assert report["exact_match_rate"] == 1.0, report["rows"]
+    assert report["exact_match_rate"] >= 0.5, report["rows"]
+    for row in report["rows"]:
+        assert row["first_divergence"] is None or row["first_divergence"] >= 8, row
 
 
 def _broken_copy(source: Path, out: Path) -> Path:
@@ -76,36 +93,20 @@ def _broken_copy(source: Path, out: Path) -> Path:
 def test_parity_gate_fails_a_broken_checkpoint(
     vllm_servers: dict[Tier, VllmServer], tmp_path: Path
 ) -> None:
-    from tests.servers import free_port
-    from tiergate.backends.launcher import ParityMissing, ensure_parity, start_vllm
-    from tiergate.quant.parity import write_report
-    from tiergate.settings import TierProfile
-    from tiergate.stack import healthy, stop_process_group
-
     standard = vllm_servers[Tier.STANDARD]
     broken = _broken_copy(Path(standard.model), tmp_path / "broken-W8A8")
     profile = TierProfile(model=str(broken), port=free_port(), enforce_eager=True, cpu_cores="1")
-    proc = start_vllm(profile, tmp_path / "broken.log")
-    url = f"http://127.0.0.1:{profile.port}"
-    try:
-        import time
-
-        deadline = time.monotonic() + 300
-        while not healthy(url):
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "broken.log"
-            ).read_text()[-2000:]
-            time.sleep(1)
+    with launched("broken", profile, tmp_path / "broken.log", budget=300) as engine:
+        # A reduced task suite keeps the test short; teacher forcing alone condemns it.
         report = evaluate(
             Endpoint(standard.url, MODEL),
-            Endpoint(url, MODEL),
-            ParityThresholds.for_scheme("W8A8"),
+            Endpoint(engine.url, MODEL),
             progress=lambda m: None,
+            tasks=task_subset(40),
         )
-    finally:
-        stop_process_group(proc)
     assert not report["passed"], render(report, "broken")
-    assert report["perplexity"]["ratio"] > ParityThresholds().max_perplexity_ratio
+    assert report["agreement_low"] < ParityThresholds().min_agreement
+    assert report["kl_high"] > ParityThresholds().max_kl
     write_report(report, broken, "broken")
     with pytest.raises(ParityMissing):
         ensure_parity(profile)

@@ -142,3 +142,11 @@ def test_stream_usage_is_hidden_unless_asked_and_counted_always(fakes: list[Fake
         assert '"completion_tokens": 5' in asked.replace('":', '": ')
         assert metric_value(base, "tiergate_completion_tokens_total", tier="standard") == 10
         assert "x-request-id" in httpx.post(f"{base}/v1/chat/completions", json=CHAT).headers
+
+
+def test_tiers_endpoint_without_a_decision_says_so(fakes: list[FakeVllm]) -> None:
+    with running_gateway(gateway_settings([fakes[0].url], [fakes[1].url])) as base:
+        body = httpx.get(f"{base}/v1/tiers").json()
+        assert body["decision"] is None
+        assert [t["service_tier"] for t in body["data"]] == ["default", "priority"]
+        assert "tiergate_tier_recipe_info" not in httpx.get(f"{base}/metrics").text

@@ -3,9 +3,9 @@ from __future__ import annotations
 import time
 
 from tiergate.backends.endpoint import Endpoint, LoadSignals
-from tiergate.backends.launcher import vllm_command, vllm_environment
 from tiergate.backends.loadstats import parse_load_signals
 from tiergate.backends.routing import LoadAwareRouter, PrefixAffinity
+from tiergate.engine.command import vllm_command, vllm_environment
 from tiergate.settings import load_settings
 from tiergate.tiers import Tier
 
@@ -81,7 +81,13 @@ def test_affinity_map_is_bounded() -> None:
 
 
 def test_fast_profile_renders_speculative_config() -> None:
-    profile = load_settings().profiles[Tier.FAST]
+    from tiergate.tuning.profiles import recipe_profile
+
+    settings = load_settings()
+    ngram = next(r for r in settings.tuning.candidates if r.name == "bf16 + ngram")
+    profile = recipe_profile(
+        settings.profiles[Tier.FAST], ngram, settings.profiles[Tier.STANDARD].model
+    )
     cmd = vllm_command(profile, python="/venv/bin/python")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     spec = cmd[cmd.index("--speculative-config") + 1]

@@ -14,8 +14,11 @@ def test_defaults_describe_the_local_stack() -> None:
     s = load_settings()
     assert s.gateway.port == 8000
     assert s.tiers[Tier.STANDARD].endpoints == ["http://127.0.0.1:8101"]
-    assert s.profiles[Tier.FAST].speculative is not None
-    assert s.profiles[Tier.STANDARD].speculative is None
+    # The fast tier's recipe is not a constant: the tuner's decision fills it in.
+    assert s.profiles[Tier.FAST].tuned and not s.profiles[Tier.STANDARD].tuned
+    assert s.profiles[Tier.FAST].model == s.profiles[Tier.STANDARD].model
+    assert any(r.lossless for r in s.tuning.candidates)
+    assert s.tuning.decision_path().name == "tier-decision.json"
 
 
 def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,7 +86,7 @@ def test_cli_stops_with_the_setting_named() -> None:
 
 
 def test_documented_gpu_profile_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiergate.backends.launcher import vllm_command
+    from tiergate.engine.command import vllm_command
 
     path = Path(__file__).resolve().parents[2] / "examples" / "gpu-llama-8b.yaml"
     monkeypatch.setenv("TIERGATE_CONFIG", str(path))

@@ -19,7 +19,14 @@ from pathlib import Path
 from tiergate.bench.ports import free_ports
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
-from tiergate.quant.parity import Endpoint, ParityThresholds, evaluate, summary, write_report
+from tiergate.quant.parity import (
+    Endpoint,
+    ParityThresholds,
+    evaluate,
+    summary,
+    task_subset,
+    write_report,
+)
 from tiergate.settings import Recipe, Settings, TierProfile, default_cache_dir
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
@@ -194,6 +201,7 @@ class Tuner:
             Endpoint(engine.url, engine.model),
             self.thresholds,
             progress=lambda m: self.progress(f"  parity: {m}"),
+            tasks=task_subset(self.tuning.parity_max_tasks),
         )
         folder = self.report_dir / _slug(recipe.name)
         write_report(report, folder, f"{recipe.name} vs standard")

@@ -1,0 +1,83 @@
+"""The real tuner, end to end with a reduced budget: it starts a candidate engine beside
+the session's standard engine, measures it against the standard tier in one run, judges
+parity where it could change the choice, writes a decision that follows the rules, reuses
+it, and the gateway shows it to callers and operators.
+
+What it chooses depends on the processor (speculation pays on some CPUs and not on
+others), so the assertions hold the machinery to its rules, not to a verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import FAST_RECIPE, VllmServer
+from tests.fault.helpers import metric_value
+from tests.servers import gateway_settings, running_gateway
+from tiergate.evidence import TierDecision
+from tiergate.settings import load_settings
+from tiergate.tiers import Tier
+from tiergate.tuning import tuner
+from tiergate.tuning.decide import choose
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_tuner_measures_decides_and_the_gateway_shows_it(
+    vllm_servers: dict[Tier, VllmServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load_settings(
+        tuning={
+            "candidates": [FAST_RECIPE.model_dump(mode="json")],
+            "levels": [1, 2],
+            "requests_per_level": 2,
+            "rounds": 1,
+            "max_tokens": 48,
+            "parity_max_tasks": 30,
+            "decision_file": str(tmp_path / "tier-decision.json"),
+        }
+    )
+    progress: list[str] = []
+    decision = tuner.Tuner(settings, progress.append).run(vllm_servers[Tier.STANDARD].url)
+
+    assert TierDecision.load(tmp_path / "tier-decision.json") == decision
+    assert (tmp_path / "tier-decision.md").read_text().startswith("# Tier decision")
+    assert any("concurrency 2" in line for line in progress), progress
+    [result] = decision.candidates
+    assert set(result.speedup) == {"1", "2"} and all(v > 0 for v in result.speedup.values())
+    assert all(result.tpot_ms[k] > 0 and result.standard_tpot_ms[k] > 0 for k in ("1", "2"))
+    assert result.acceptance_rate is not None and 0 < result.acceptance_rate <= 1
+    nowhere_slower = min(result.speedup.values()) >= settings.tuning.min_speedup_any_level
+    # Judged exactly when it could be chosen; a lossless recipe passes.
+    assert (result.parity is not None) == nowhere_slower
+    if result.parity is not None:
+        assert result.parity.passed and result.parity.tasks <= 30
+    expected = choose(decision.candidates, 1.1, 1.0)
+    assert decision.chosen == expected.recipe and decision.verdict == expected.verdict
+    assert (decision.chosen == FAST_RECIPE) == nowhere_slower
+    assert decision.fingerprint["cores"] and decision.fingerprint["cpu"]
+
+    # Reused on the same hardware without measuring again.
+    def must_not_run(self: tuner.Tuner, standard_url: str | None = None) -> TierDecision:
+        raise AssertionError("a matching decision was measured again")
+
+    monkeypatch.setattr(tuner.Tuner, "run", must_not_run)
+    assert tuner.ensure_decision(settings, progress.append) == decision
+
+    gateway = gateway_settings(
+        [vllm_servers[Tier.STANDARD].url],
+        [vllm_servers[Tier.FAST].url],
+        gateway={"log_requests": False, "tier_evidence_file": str(tmp_path / "tier-decision.json")},
+    )
+    with running_gateway(gateway) as base:
+        tiers = httpx.get(f"{base}/v1/tiers").json()
+        fast = next(t for t in tiers["data"] if t["tier"] == "fast")
+        assert fast["runs"] == decision.recipe_name and fast["verdict"] == decision.verdict
+        assert fast["hardware"]["cpu"] == decision.fingerprint["cpu"]
+        assert tiers["decision"]["candidates"][0]["speedup"] == result.speedup
+        assert metric_value(base, "tiergate_tier_recipe_info", recipe=decision.recipe_name) == 1
+        assert metric_value(base, "tiergate_tier_speedup", concurrency="1") == pytest.approx(
+            decision.speedup["1"]
+        )

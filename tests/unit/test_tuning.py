@@ -1,0 +1,174 @@
+"""The tuner's machinery without engines: the choice among measured candidates, the
+fingerprint, reuse and redo of a decision, and the fast profile it yields."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tiergate.engine.command import vllm_command
+from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
+from tiergate.settings import Recipe, Settings, load_settings
+from tiergate.tiers import Tier
+from tiergate.tuning import tuner
+from tiergate.tuning.decide import choose, worth_judging
+from tiergate.tuning.fingerprint import digest, hardware_fingerprint
+from tiergate.tuning.profiles import decided_profile
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+LOSSLESS = Recipe(name="bf16 + ngram", speculative=NGRAM)
+INT8 = Recipe(name="W8A8", quantize="W8A8")
+INT8_NGRAM = Recipe(name="W8A8 + ngram", quantize="W8A8", speculative=NGRAM)
+
+
+def _parity(passed: bool) -> ParitySummary:
+    return ParitySummary(
+        passed=passed,
+        next_token_agreement=0.97,
+        agreement_low=0.96,
+        kl_mean=0.01,
+        kl_high=0.02,
+        task_difference=0.0,
+        task_difference_low=-0.03,
+        tasks=150,
+        positions=5000,
+        seconds=60.0,
+    )
+
+
+def _result(recipe: Recipe, c1: float, c4: float, passed: bool | None) -> CandidateResult:
+    return CandidateResult(
+        recipe=recipe,
+        status="too slow",
+        speedup={"1": c1, "4": c4},
+        parity=None if passed is None else _parity(passed),
+    )
+
+
+def test_the_fastest_passing_candidate_wins() -> None:
+    results = [
+        _result(INT8_NGRAM, 1.9, 1.5, passed=False),  # fastest, but failed parity
+        _result(INT8, 1.4, 1.2, passed=True),
+        _result(LOSSLESS, 1.2, 1.1, passed=True),
+    ]
+    choice = choose(results, 1.1, 1.0)
+    assert choice.recipe == INT8 and choice.verdict == "faster"
+    assert choice.speedup == {"1": 1.4, "4": 1.2}
+
+
+def test_a_candidate_slower_at_any_level_is_never_chosen() -> None:
+    results = [_result(INT8, 1.6, 0.9, passed=True), _result(LOSSLESS, 1.15, 1.05, passed=True)]
+    assert choose(results, 1.1, 1.0).recipe == LOSSLESS
+
+
+def test_below_the_minimum_speedup_the_best_lossless_recipe_runs_as_equal() -> None:
+    results = [_result(INT8, 1.05, 1.02, passed=True), _result(LOSSLESS, 1.03, 1.01, passed=True)]
+    choice = choose(results, 1.1, 1.0)
+    assert choice.recipe == LOSSLESS and choice.verdict == "equal"
+    assert "no recipe" in choice.reason
+
+
+def test_when_nothing_passes_the_fast_tier_runs_the_standard_configuration() -> None:
+    results = [
+        _result(INT8_NGRAM, 0.35, 0.4, passed=None),  # three times slower: not judged
+        _result(INT8, 1.3, 1.2, passed=False),
+        _result(LOSSLESS, 0.97, 0.99, passed=None),
+    ]
+    choice = choose(results, 1.1, 1.0)
+    assert choice.recipe is None and choice.verdict == "equal"
+    assert set(choice.speedup.values()) == {1.0}
+
+
+def test_parity_is_judged_only_where_it_could_change_the_choice() -> None:
+    chosen_so_far = [_result(INT8, 1.5, 1.3, passed=True)]
+    assert worth_judging(_result(INT8_NGRAM, 1.8, 1.4, None), chosen_so_far, 1.1, 1.0)
+    assert not worth_judging(_result(LOSSLESS, 1.2, 1.1, None), chosen_so_far, 1.1, 1.0)
+    assert not worth_judging(_result(INT8_NGRAM, 2.0, 0.8, None), chosen_so_far, 1.1, 1.0)
+    # With nothing proven yet, a lossless recipe that is not slower is worth judging: it is
+    # the fallback.
+    assert worth_judging(_result(LOSSLESS, 1.02, 1.0, None), [], 1.1, 1.0)
+
+
+AMD = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2 fma\n"
+INTEL = "model name\t: Intel Xeon\nflags\t\t: fpu avx2 fma avx512f avx512_vnni amx_int8\n"
+
+
+def test_the_fingerprint_names_the_kernels_that_matter() -> None:
+    amd, intel = hardware_fingerprint(AMD), hardware_fingerprint(INTEL)
+    assert amd["cpu"] == "AMD EPYC 7B13" and amd["isa"] == "avx2,fma"
+    assert "avx512_vnni" in intel["isa"] and "amx_int8" in intel["isa"]
+    assert digest(amd) != digest(intel)
+    assert digest(amd) == digest(hardware_fingerprint(AMD))
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return load_settings(tuning={"decision_file": str(tmp_path / "decision.json")})
+
+
+def _decision(settings: Settings, fingerprint: dict[str, str]) -> TierDecision:
+    return TierDecision(
+        fingerprint=fingerprint,
+        fingerprint_digest=digest(fingerprint),
+        inputs_digest=tuner.inputs_digest(settings),
+        decided_at=time.time(),
+        seconds=1.0,
+        engine_mode="eager",
+        chosen=LOSSLESS,
+        verdict="equal",
+        reason="test",
+        candidates=[_result(LOSSLESS, 1.0, 1.0, passed=True)],
+    )
+
+
+def test_a_decision_is_reused_on_the_same_hardware_and_redone_on_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings(tmp_path)
+    here = hardware_fingerprint()
+    stored = _decision(settings, here)
+    stored.save(settings.tuning.decision_path())
+    runs: list[str | None] = []
+
+    def fake_run(self: tuner.Tuner, standard_url: str | None = None) -> TierDecision:
+        runs.append(standard_url)
+        return stored
+
+    # The measuring run is replaced (it needs engines); what decides to call it is real.
+    monkeypatch.setattr(tuner.Tuner, "run", fake_run)
+    assert tuner.ensure_decision(settings, lambda m: None) == stored
+    assert runs == []
+    _decision(settings, {**here, "cpu": "AMD EPYC 7B13", "isa": "avx2,fma"}).save(
+        settings.tuning.decision_path()
+    )
+    assert tuner.current_decision(settings) is None
+    tuner.ensure_decision(settings, lambda m: None, standard_url="http://s")
+    assert runs == ["http://s"]
+
+
+def test_changed_inputs_or_a_corrupt_file_mean_tuning_again(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    _decision(settings, hardware_fingerprint()).save(settings.tuning.decision_path())
+    assert tuner.current_decision(settings) is not None
+    other = load_settings(
+        tuning={"decision_file": str(tmp_path / "decision.json"), "min_speedup": 1.3}
+    )
+    assert tuner.current_decision(other) is None
+    settings.tuning.decision_path().write_text("{not json")
+    assert tuner.current_decision(settings) is None
+
+
+def test_the_fast_profile_follows_the_decision(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    fast, standard = settings.profiles[Tier.FAST], settings.profiles[Tier.STANDARD]
+    decision = _decision(settings, hardware_fingerprint())
+    lossless = decided_profile(fast, decision, standard.model)
+    assert lossless.model == standard.model and lossless.speculative is not None
+    assert lossless.port == fast.port and lossless.cpu_cores == fast.cpu_cores
+    int8 = decided_profile(fast, decision.model_copy(update={"chosen": INT8}), standard.model)
+    assert int8.model.endswith("-W8A8") and int8.quantize is not None
+    fallback = decided_profile(fast, decision.model_copy(update={"chosen": None}), standard.model)
+    cmd = vllm_command(fallback, python="python")
+    assert cmd[cmd.index("--model") + 1] == standard.model
+    assert "--speculative-config" not in cmd
