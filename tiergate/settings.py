@@ -246,8 +246,8 @@ class TuningSettings(_Section):
     # No concurrency level may be slower than the standard tier by more than this noise.
     min_speedup_any_level: float = Field(1.0, gt=0)
     levels: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
-    requests_per_level: int = Field(8, ge=1)
-    max_tokens: int = Field(128, ge=8)
+    requests_per_level: int = Field(6, ge=1)
+    max_tokens: int = Field(96, ge=8)
     rounds: int = Field(2, ge=1)
     budget_seconds: float = Field(900.0, gt=0)
     # Judge parity on an evenly spaced subset of the task suite (None: all of it). Only for
