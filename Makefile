@@ -27,5 +27,5 @@ bench:
 	$(BIN)/pip install -q 'matplotlib>=3.8'
 	$(BIN)/tiergate bench gateway --out reports
 	$(BIN)/tiergate bench limits --out reports
-	$(BIN)/tiergate bench candidates --out reports
+	$(BIN)/tiergate tune --force > reports/tier-decision.md
 	@echo "tier benchmark: with 'make up' running, $(BIN)/tiergate bench tiers --out reports"

@@ -12,7 +12,7 @@ def metric_value(base: str, name: str, **labels: str) -> float:
     for line in text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from tiergate.speculative.measure import PROMPTS, acceptance_between, spec_counters
+from tiergate.tuning.fingerprint import hardware_fingerprint
 
 
 def _say(message: str) -> None:
@@ -112,6 +113,15 @@ def _scrape(urls: list[str]) -> dict[str, float]:
     return total
 
 
+def _fast_recipe(gateway: str) -> str:
+    """What the gateway says the fast tier runs (``/v1/tiers``)."""
+    try:
+        tiers = httpx.get(f"{gateway.rstrip('/')}/v1/tiers", timeout=10).json()["data"]
+        return str(next(t["runs"] for t in tiers if t["tier"] == "fast"))
+    except (httpx.HTTPError, KeyError, StopIteration, ValueError):
+        return "unknown"
+
+
 def bench_tiers(
     gateway: str,
     model: str,
@@ -126,6 +136,8 @@ def bench_tiers(
     url = f"{gateway.rstrip('/')}/v1/chat/completions"
     tiers = (("standard", "default"), ("fast", "priority"))
     results: dict[str, Any] = {
+        "hardware": hardware_fingerprint(),
+        "fast_recipe": _fast_recipe(gateway),
         "levels": levels,
         "max_tokens": max_tokens,
         "rounds": rounds,
@@ -171,6 +183,10 @@ def render_tiers(r: dict[str, Any], command: str) -> str:
         "# Tier benchmark",
         "",
         f"Command: `{command}`",
+        "",
+        f"CPU: {r.get('hardware', {}).get('cpu', 'unknown')} "
+        f"({r.get('hardware', {}).get('cores', '?')} cores; "
+        f"ISA {r.get('hardware', {}).get('isa', '?')}). Fast tier: {r.get('fast_recipe', '?')}.",
         "",
         "| tier | concurrency | per-request tokens/s (p50) | aggregate tokens/s | TTFT p50 / p99 "
         "(ms) | TPOT p50 / p99 (ms) |",
