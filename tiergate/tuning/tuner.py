@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from tiergate.bench.ports import free_ports
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
@@ -152,7 +154,9 @@ class Tuner:
                 progress=self.progress,
             ) as engine:
                 return self._measure(recipe, profile, standard, engine, earlier)
-        except (EngineFailed, RuntimeError, OSError) as exc:
+        except (EngineFailed, RuntimeError, OSError, httpx.HTTPError) as exc:
+            # One candidate failing (an engine that does not start or answers errors) is a
+            # finding about that recipe on this hardware, not the end of the tuning.
             self.progress(f"  {recipe.name}: {exc}")
             return CandidateResult(recipe=recipe, status="error", note=str(exc)[:500])
 
@@ -164,8 +168,6 @@ class Tuner:
         engine: Engine,
         earlier: list[CandidateResult],
     ) -> CandidateResult:
-        import httpx
-
         before = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
         speed = measure_speed(
             standard.url,
