@@ -55,11 +55,6 @@ def vllm_environment(profile: TierProfile, python: str = sys.executable) -> dict
             preload.append(str(lib))
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
-    # vLLM 0.32 with torch >= 2.12 saves its compiled model as one "mega" AOT artifact, and
-    # its loader then calls finalize_loading() on a plain function ("'function' object has
-    # no attribute 'finalize_loading'"), so every start compiled again (3-4 minutes per
-    # engine on a slow CPU). The per-graph artifacts load as they should.
-    env.setdefault("VLLM_USE_MEGA_AOT_ARTIFACT", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     return env
