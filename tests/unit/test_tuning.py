@@ -172,3 +172,15 @@ def test_the_fast_profile_follows_the_decision(tmp_path: Path) -> None:
     cmd = vllm_command(fallback, python="python")
     assert cmd[cmd.index("--model") + 1] == standard.model
     assert "--speculative-config" not in cmd
+
+
+def test_a_budget_too_small_for_any_candidate_falls_back_and_says_why(tmp_path: Path) -> None:
+    settings = load_settings(
+        tuning={"decision_file": str(tmp_path / "decision.json"), "budget_seconds": 1}
+    )
+    # A standard engine URL is given, so nothing starts: every candidate is skipped.
+    decision = tuner.Tuner(settings, lambda m: None).run("http://127.0.0.1:9")
+    assert [c.status for c in decision.candidates] == ["skipped"] * len(settings.tuning.candidates)
+    assert decision.chosen is None and decision.verdict == "equal"
+    assert TierDecision.load(tmp_path / "decision.json") == decision
+    assert "standard configuration" in (tmp_path / "decision.md").read_text()

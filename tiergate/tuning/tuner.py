@@ -3,9 +3,10 @@ machine, judge the parity of those that could win, and write the decision.
 
 One standard engine runs throughout (on the standard tier's cores); each candidate runs in
 turn on the fast tier's cores, as it would serve. A candidate is judged for parity only if
-passing would make it the choice (:func:`worth_judging`), and a candidate is not started
-when the budget left is smaller than the longest candidate so far took: the first tuning
-is bounded, and a reuse (same fingerprint, same inputs) costs a file read.
+passing would make it the choice (:func:`worth_judging`). A candidate is not started when
+the budget left is shorter than the longest start-and-measure so far, and not judged when
+it is shorter than the longest judgement so far: the first tuning is bounded, what was left
+out is listed as such, and a reuse (same fingerprint, same inputs) costs a file read.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from tiergate.tuning.speed import measure_speed
 
 Progress = Callable[[str], None]
 
-# Until one candidate has been timed: an eager start, the speed rounds and a parity run.
-_FIRST_ESTIMATE_SECONDS = 150.0
+# Until measured in this run: an eager start with the speed rounds, and one parity run.
+_MEASURE_ESTIMATE_SECONDS = 150.0
+_PARITY_ESTIMATE_SECONDS = 240.0
 
 
 def _slug(name: str) -> str:
@@ -98,9 +100,16 @@ class Tuner:
         self.progress = progress
         self.thresholds = ParityThresholds()
         self.report_dir = self.tuning.decision_path().parent / "tuning"
+        self._started = time.monotonic()
+        self._measure_seconds = _MEASURE_ESTIMATE_SECONDS
+        self._parity_seconds = _PARITY_ESTIMATE_SECONDS
+        self._measured_once = self._judged_once = False
+
+    def _left(self) -> float:
+        return self.tuning.budget_seconds - (time.monotonic() - self._started)
 
     def run(self, standard_url: str | None = None) -> TierDecision:
-        started = time.monotonic()
+        self._started = started = time.monotonic()
         fingerprint = hardware_fingerprint()
         self.progress(
             f"tuning the fast tier on {fingerprint['cpu']} ({fingerprint['cores']} cores, "
@@ -111,19 +120,15 @@ class Tuner:
         logs.mkdir(parents=True, exist_ok=True)
         results: list[CandidateResult] = []
         with _standard_engine(self.settings, standard_url, logs, self.progress) as standard:
-            longest = _FIRST_ESTIMATE_SECONDS
             for index, recipe in enumerate(self.tuning.candidates, 1):
-                elapsed = time.monotonic() - started
-                if elapsed + longest > self.tuning.budget_seconds:
+                if self._measure_seconds > self._left():
                     self.progress(f"[{index}] {recipe.name}: skipped (budget)")
                     results.append(
                         CandidateResult(recipe=recipe, status="skipped", note="tuning budget")
                     )
                     continue
                 self.progress(f"[{index}/{len(self.tuning.candidates)}] {recipe.name}")
-                t0 = time.monotonic()
                 results.append(self._candidate(recipe, standard, results, logs))
-                longest = max(longest if index > 1 else 0.0, time.monotonic() - t0)
         decision = self._decide(results, fingerprint, time.monotonic() - started)
         path = self.tuning.decision_path()
         decision.save(path)
@@ -139,6 +144,7 @@ class Tuner:
         logs: Path,
     ) -> CandidateResult:
         fast = self.settings.profiles[Tier.FAST]
+        t0 = time.monotonic()
         try:
             profile = recipe_profile(
                 fast, recipe, self.settings.profiles[Tier.STANDARD].model, build=True
@@ -153,7 +159,7 @@ class Tuner:
                 logs / f"tune-{_slug(recipe.name)}.log",
                 progress=self.progress,
             ) as engine:
-                return self._measure(recipe, profile, standard, engine, earlier)
+                return self._measure(recipe, profile, standard, engine, earlier, t0)
         except (EngineFailed, RuntimeError, OSError, httpx.HTTPError) as exc:
             # One candidate failing (an engine that does not start or answers errors) is a
             # finding about that recipe on this hardware, not the end of the tuning.
@@ -167,6 +173,7 @@ class Tuner:
         standard: Engine,
         engine: Engine,
         earlier: list[CandidateResult],
+        launched_at: float,
     ) -> CandidateResult:
         before = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
         speed = measure_speed(
@@ -180,6 +187,7 @@ class Tuner:
             self.progress,
         )
         after = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
+        self._note_measure(time.monotonic() - launched_at)
         result = CandidateResult(
             recipe=recipe,
             status="too slow",
@@ -197,7 +205,13 @@ class Tuner:
         ):
             self.progress(f"  {recipe.name}: cannot be chosen at this speed; parity not judged")
             return result
+        if self._parity_seconds > self._left():
+            self.progress(f"  {recipe.name}: parity not judged (budget)")
+            return result.model_copy(
+                update={"status": "skipped", "note": "parity not judged: tuning budget"}
+            )
         self.progress(f"  {recipe.name}: judging parity")
+        judged_at = time.monotonic()
         report = evaluate(
             Endpoint(standard.url, standard.model),
             Endpoint(engine.url, engine.model),
@@ -205,6 +219,7 @@ class Tuner:
             progress=lambda m: self.progress(f"  parity: {m}"),
             tasks=task_subset(self.tuning.parity_max_tasks),
         )
+        self._note_parity(time.monotonic() - judged_at)
         folder = self.report_dir / _slug(recipe.name)
         write_report(report, folder, f"{recipe.name} vs standard")
         if report["passed"] and recipe.quantize is not None:
@@ -214,6 +229,16 @@ class Tuner:
             f"  parity {'passed' if report['passed'] else 'FAILED'}: {folder / 'parity-report.md'}"
         )
         return result.model_copy(update={"parity": ParitySummary(**summary(report))})
+
+    def _note_measure(self, seconds: float) -> None:
+        first = not self._measured_once
+        self._measure_seconds = seconds if first else max(self._measure_seconds, seconds)
+        self._measured_once = True
+
+    def _note_parity(self, seconds: float) -> None:
+        first = not self._judged_once
+        self._parity_seconds = seconds if first else max(self._parity_seconds, seconds)
+        self._judged_once = True
 
     def _primary(self) -> str:
         return str(min(self.tuning.levels))
