@@ -203,8 +203,14 @@ class Tuner:
             self.tuning.min_speedup_any_level,
             self._primary(),
         ):
-            self.progress(f"  {recipe.name}: cannot be chosen at this speed; parity not judged")
-            return result
+            slowest = min(result.speedup, key=lambda k: result.speedup[k])
+            why = (
+                f"slower than standard at concurrency {slowest}"
+                if result.speedup[slowest] < self.tuning.min_speedup_any_level
+                else "not faster than a recipe already proven"
+            )
+            self.progress(f"  {recipe.name}: {why}; parity not judged")
+            return result.model_copy(update={"note": why})
         if self._parity_seconds > self._left():
             self.progress(f"  {recipe.name}: parity not judged (budget)")
             return result.model_copy(
