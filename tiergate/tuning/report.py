@@ -18,7 +18,8 @@ def _parity(r: CandidateResult) -> str:
     p = r.parity
     return (
         f"{'pass' if p.passed else 'FAIL'} (agreement {p.next_token_agreement:.3f}, "
-        f"KL {p.kl_mean:.4f}, tasks {p.task_difference:+.3f})"
+        f"KL {p.kl_mean:.4f}, tasks {p.task_difference:+.3f}, "
+        f"sampled NLL {p.sampled_nll_gap:+.3f})"
     )
 
 
