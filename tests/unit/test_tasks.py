@@ -43,8 +43,8 @@ def test_earlier_task_names_are_kept() -> None:
 
 
 def test_token_budgets() -> None:
-    assert all(t.max_tokens == 160 for t in CODE)
-    assert all(16 <= t.max_tokens <= 32 for t in OTHER)
+    assert all(t.max_tokens == 112 for t in CODE)
+    assert all(16 <= t.max_tokens <= 24 for t in OTHER)
 
 
 def test_every_task_has_a_prompt_and_a_reference() -> None:

@@ -225,7 +225,7 @@ def _answer(ep: Endpoint, task: Task) -> tuple[str, list[int], list[int]]:
     return text, list(data.get("prompt_token_ids") or []), list(choice.get("token_ids") or [])
 
 
-SAMPLED_TOKENS = 48
+SAMPLED_TOKENS = 32
 
 
 def sampled_nll(ep: Endpoint, task: Task, seed: int) -> float:
@@ -254,7 +254,7 @@ def evaluate(
     thresholds: ParityThresholds | None = None,
     progress: Progress = print,
     tasks: Sequence[Task] = TASKS,
-    concurrency: int = 8,
+    concurrency: int = 12,
 ) -> dict[str, Any]:
     """Judge ``fast`` against ``standard``; returns the report (``report["passed"]``)."""
     th = thresholds or ParityThresholds()

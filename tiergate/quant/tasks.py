@@ -33,8 +33,10 @@ class Task:
     check: CheckFn
     # Code tasks: a test appended to the model's code and run in the sandbox.
     test: str | None = None
-    # A short answer fits in a few tokens even with a preamble; code tasks ask for 160.
-    max_tokens: int = 32
+    # A short answer fits in a few tokens even with a preamble; code tasks ask for 112 (a
+    # one-function answer with its fences fits; what follows is explanation, not code).
+    # Every token here is paid twice per candidate when tuning on two cores.
+    max_tokens: int = 24
     # A correct answer (for code tasks, a correct function): the unit tests' ground truth.
     reference: str = ""
 
@@ -284,7 +286,7 @@ def _code_tasks() -> list[Task]:
                 f"Write a python function {signature} that returns {returns}.",
                 _defines(function),
                 test=test.strip(),
-                max_tokens=160,
+                max_tokens=112,
                 reference=f"def {signature}:\n    return {body}\n",
             )
         )
