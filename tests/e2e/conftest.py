@@ -22,8 +22,9 @@ from tiergate.tuning.profiles import recipe_profile
 
 MODEL = DEFAULT_MODEL_NAME
 START_BUDGET_SECONDS = 600
-# The session's fast tier runs a lossless recipe (the same weights with ngram speculation):
-# what the tuner would pick depends on the processor, and these tests must pass on any.
+# The session's fast tier runs the same weights with ngram speculation (lossless under
+# greedy decoding, and what the gateway's capability routing is about): what the tuner would
+# pick depends on the processor, and these tests must pass on any.
 # The tuner itself is run end to end in tests/e2e/test_tuning.py.
 FAST_RECIPE = Recipe(
     name="bf16 + ngram",
