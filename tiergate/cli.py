@@ -131,13 +131,18 @@ def worker() -> None:
     """Run agent jobs from Kafka until SIGTERM (then drain)."""
     from tiergate.gateway.logs import configure_logging
     from tiergate.queue.worker import Worker
+    from tiergate.sandbox import LimitsUnavailable
 
     settings = _settings()
     configure_logging(settings.log_level)
     if not settings.jobs.enabled:
         typer.echo("tiergate: jobs.enabled is false; set TIERGATE_JOBS__ENABLED=true", err=True)
         raise typer.Exit(2)
-    Worker(settings.jobs).run_forever()
+    try:
+        Worker(settings.jobs, serve_http=True).run_forever()
+    except LimitsUnavailable as exc:
+        typer.echo(f"tiergate worker: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @model_app.command("prepare")
@@ -161,13 +166,21 @@ def up(
             help="torch.compile both engines (slower starts; the tuning then compiles too)",
         ),
     ] = False,
+    jobs: Annotated[
+        bool,
+        typer.Option(
+            "--jobs/--no-jobs",
+            help="agent jobs: a durable object store (SeaweedFS), a broker (Tansu) and a "
+            "worker beside the tiers",
+        ),
+    ] = True,
 ) -> None:
     """Run the whole local stack: prepare the model, start the standard tier, choose the
     fast tier for this hardware (once), start it, warm both, serve the gateway."""
     from tiergate.stack import run_local_stack
 
     settings = _settings()
-    code = run_local_stack(settings, compile_engines=compile_engines)
+    code = run_local_stack(settings, compile_engines=compile_engines, jobs=jobs)
     raise typer.Exit(code)
 
 

@@ -120,6 +120,8 @@ class KeyLimits(_Section):
     requests_per_minute: int | None = Field(None, ge=1)
     tokens_per_minute: int | None = Field(None, ge=1)
     max_concurrent: int | None = Field(None, ge=1)
+    # Unfinished agent jobs at once; None: jobs.max_outstanding_jobs.
+    max_outstanding_jobs: int | None = Field(None, ge=1)
 
 
 class ApiKey(_Section):
@@ -133,6 +135,10 @@ class ApiKey(_Section):
     limits: KeyLimits = Field(default_factory=KeyLimits)
     # Higher is admitted first when a tier's admission queue is not empty.
     priority: int = Field(0, ge=0, le=9)
+    # A job worker's key: it may call the model on behalf of a job's owner
+    # (``x-tiergate-on-behalf-of: <owner key name>``), and is then held to the owner's
+    # models, tiers and limits. No other key may name someone else.
+    acts_for_job_owners: bool = False
 
 
 class AuthSettings(_Section):
@@ -314,6 +320,7 @@ class StorageSettings(_Section):
     region: str = "us-east-1"
     prefix: str = "jobs/"
     presign_seconds: int = Field(3600, ge=60)
+    timeout_seconds: float = Field(3.0, gt=0)
 
 
 class SandboxSettings(_Section):
@@ -324,6 +331,22 @@ class SandboxSettings(_Section):
     # When the worker runs as root, sandboxed commands run as this unprivileged user.
     uid: int = 65534
     gid: int = 65534
+    # Per-job cgroups go under <controller root>/<cgroup_parent>/job-<id>. As root the worker
+    # creates the parent; an unprivileged worker needs it delegated (chowned to its user).
+    cgroup_parent: str = Field("tiergate", pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+    # Where the cgroup filesystems are mounted (v2 there, or v1's memory/pids/cpu under it).
+    cgroup_root: str = "/sys/fs/cgroup"
+    # The explicit opt-out: run jobs without memory, CPU and process limits where no cgroup
+    # can be created (the worker refuses to start without them otherwise).
+    allow_unlimited: bool = False
+    max_processes: int = Field(256, ge=8, le=65536)
+
+    @field_validator("cgroup_parent")
+    @classmethod
+    def _below_the_root(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError("cgroup_parent is a relative path without '.' or '..'")
+        return value
 
 
 class WorkerSettings(_Section):
@@ -334,12 +357,36 @@ class WorkerSettings(_Section):
     cancel_poll_seconds: float = Field(1.0, gt=0)
     api_key: str | None = None
     protocol: Literal["text", "tools"] = "text"
+    # GET /metrics and GET /healthz (tiergate.queue.observe_http); port 0 picks a free one.
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9400, ge=0, le=65535)
+    # /healthz fails when an idle worker thread has not beaten for this long.
+    heartbeat_stale_seconds: float = Field(120.0, gt=0)
+
+
+class JobCaps(_Section):
+    """The most a job may ask for on this installation (a request over it is refused)."""
+
+    max_steps: int = Field(100, ge=1)
+    timeout_seconds: float = Field(3600.0, gt=0)
+    cpus: float = Field(2.0, gt=0)
+    memory_mb: int = Field(4096, ge=16)
+    disk_mb: int = Field(4096, ge=1)
 
 
 class JobsSettings(_Section):
     """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
 
     enabled: bool = False
+    caps: JobCaps = Field(default_factory=JobCaps)
+    # Unfinished jobs one key may have at once (a key's own limits.max_outstanding_jobs
+    # overrides it).
+    max_outstanding_jobs: int = Field(100, ge=1)
+    max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    # A job still queued this long after it was accepted, with no worker having started it,
+    # is sent again (its first message may never have reached the broker); the worker runs
+    # a re-sent job only if it is still queued, so a slow queue does not run a job twice.
+    requeue_after_seconds: float = Field(600.0, gt=0)
     gateway_url: str = "http://127.0.0.1:8000"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

@@ -7,11 +7,13 @@ starts; both are warmed up; then the gateway serves.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
+from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
 
@@ -83,9 +85,10 @@ def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
     return Engine(tier.value, url, profile.served_model_name, start_vllm(profile, log), log)
 
 
-def run_local_stack(settings: Settings, *, compile_engines: bool = False) -> int:
+def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: bool = True) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
-    everything this call started when the gateway stops (Ctrl-C or SIGTERM)."""
+    everything this call started when the gateway stops (Ctrl-C or SIGTERM). With
+    ``jobs``, the durable object store, the broker and a worker run too."""
     import uvicorn
 
     from tiergate.engine.gate import ParityMissing, ensure_parity
@@ -107,7 +110,13 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False) -> int
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
+    pipeline = contextlib.ExitStack()
     try:
+        if jobs:
+            from tiergate.local.jobs import local_jobs
+
+            jobs_settings = pipeline.enter_context(local_jobs(settings, log_dir, _say))
+            settings = settings.model_copy(update={"jobs": jobs_settings})
         standard_profile = settings.profiles[Tier.STANDARD]
         prepare_profile_model(standard_profile)
         standard = _engine(Tier.STANDARD, standard_profile, log_dir)
@@ -132,13 +141,18 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False) -> int
             f'-d \'{{"model": "{name}", "service_tier": "priority", '
             f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\'\n'
             f"  curl http://{host}:{port}/v1/tiers   # what each tier runs, and the evidence"
+            + (
+                f"\n  curl http://{host}:{port}/v1/jobs     # agent jobs (see the README)"
+                if jobs
+                else "\n  (agent jobs are off: --no-jobs)"
+            )
         )
         configure_logging(settings.log_level)
         uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
         return 0
     except KeyboardInterrupt:
         return 0
-    except (RuntimeError, ParityMissing, EngineFailed) as exc:
+    except (RuntimeError, ParityMissing, EngineFailed, LimitsUnavailable) as exc:
         _say(f"error: {exc}")
         return 1
     finally:
@@ -146,3 +160,4 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False) -> int
             if engine.proc is not None:
                 _say(f"stopping the {engine.name} tier")
                 engine.stop()
+        pipeline.close()

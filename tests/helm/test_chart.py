@@ -26,6 +26,7 @@ K8S_VERSION = kubernetes_validate.latest_version()
 # Custom resources whose schemas kubernetes-validate does not carry; checked by hand below.
 CRDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
 }
@@ -170,7 +171,20 @@ def test_worker_network_policy_allows_nothing_else() -> None:
     policy = find(docs, "NetworkPolicy", "rel-tiergate-worker")["spec"]
     assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
     assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
-    assert policy["ingress"] == []
+    # Only Prometheus may come in, and only to the metrics port.
+    assert policy["ingress"] == [
+        {
+            "from": [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": 9400}],
+        }
+    ]
+    unscraped = render(CHART / "ci" / "cpu-small.yaml")
+    assert find(unscraped, "NetworkPolicy", "rel-tiergate-worker")["spec"]["ingress"] == []
     peers = []
     for rule in policy["egress"]:
         ports = sorted((p["protocol"], p["port"]) for p in rule["ports"])
@@ -192,6 +206,25 @@ def test_worker_network_policy_allows_nothing_else() -> None:
     worker = find(docs, "Deployment", "rel-tiergate-worker")["spec"]["template"]["spec"]
     assert worker["terminationGracePeriodSeconds"] >= 600
     assert worker["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_workers_are_probed_and_scraped_on_their_metrics_port() -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    worker = find(docs, "Deployment", "rel-tiergate-worker")["spec"]["template"]
+    container = worker["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TIERGATE_JOBS__WORKER__METRICS_PORT"] == "9400"
+    monitor = find(docs, "PodMonitor", "rel-tiergate-worker")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= worker["metadata"]["labels"].items()
+    assert monitor["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    ]
+    # Without the Prometheus Operator objects there is nothing to scrape with.
+    kinds = {d["kind"] for d in render(CHART / "ci" / "cpu-small.yaml")}
+    assert "PodMonitor" not in kinds
 
 
 def test_jobs_disabled_deploys_no_worker() -> None:
@@ -229,5 +262,6 @@ def test_worker_and_gateway_settings_are_ones_tiergate_accepts(
     assert settings.jobs.enabled
     assert settings.jobs.storage.bucket == "acme-agent-jobs"
     assert settings.jobs.worker.concurrency == 2
+    assert settings.jobs.worker.metrics_port == 9400
     assert settings.jobs.gateway_url == "http://rel-tiergate-gateway:80"
     assert settings.jobs.kafka.topic == gateway.jobs.kafka.topic

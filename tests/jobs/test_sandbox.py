@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import resource
+import shutil
 import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tiergate.queue.sandbox import Sandbox, SandboxError
 from tiergate.queue.schema import JobLimits
+from tiergate.sandbox import LimitsUnavailable, Sandbox, SandboxError, probe_limits
 from tiergate.settings import SandboxSettings
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory/tasks").exists()
+ROOT = os.geteuid() == 0
 
 
 @pytest.fixture
@@ -107,3 +119,180 @@ def test_no_process_outlives_its_command(sandbox: Sandbox) -> None:
     __import__("time").sleep(0.5)
     survivors = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert survivors.stdout.strip() == "", "a sandboxed process outlived its command"
+
+
+def test_timeout_is_said_in_the_output(sandbox: Sandbox) -> None:
+    result = sandbox.run("echo started; sleep 30", timeout=1)
+    assert result.exit_code == 124
+    assert result.output.startswith("started") and "[timed out after 1s]" in result.output
+
+
+def test_huge_output_is_read_bounded(sandbox: Sandbox) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    result = sandbox.run(
+        "echo first; head -c 300000000 /dev/zero | tr '\\0' x; echo; echo last", timeout=120
+    )
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert result.exit_code == 0, result.output[-500:]
+    assert result.output.startswith("first\nxxx") and result.output.endswith("x\nlast\n")
+    assert "characters cut ...]" in result.output and len(result.output) < 2200
+    cut = int(result.output.split("[... ")[1].split(" ")[0])
+    assert cut == len("first\n") + 300_000_000 + len("\nlast\n") - 2000
+    assert grown_kib < 50 * 1024, f"the worker grew by {grown_kib} KiB"
+
+
+def test_write_files_conflicts_are_sandbox_errors(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError):
+        sandbox.write_files({"a": "x", "a/b": "y"})
+    with pytest.raises(SandboxError):
+        sandbox.write_files({"c/d": "y", "c": "x"})
+    with pytest.raises(SandboxError):
+        sandbox.write_files({"nul\0name": "x"})
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_extract_unpacks_a_tar(sandbox: Sandbox) -> None:
+    sandbox.extract(_tar({"src/main.py": b"print(1)\n"}))
+    assert (sandbox.workspace / "src/main.py").read_text() == "print(1)\n"
+
+
+def test_extract_refuses_what_is_not_a_tar(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError):
+        sandbox.extract(b"this is not an archive at all" * 100)
+    with pytest.raises(SandboxError):
+        sandbox.extract(_tar({"a.txt": b"x" * 10_000})[:-200])  # cut short
+
+
+def test_extract_refuses_more_than_the_disk_limit(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxError, match="disk limit"):
+        sandbox.extract(_tar({"big.bin": bytes(6 * 1024 * 1024)}))  # disk_mb=5
+    with pytest.raises(SandboxError, match="disk limit"):
+        sandbox.extract(_tar({"a.bin": bytes(600), "b.bin": bytes(600)}), max_bytes=1000)
+    assert not any(sandbox.workspace.iterdir())
+
+
+def test_check_disk(sandbox: Sandbox) -> None:
+    sandbox.write_files({"f.txt": "x" * 2000})
+    assert sandbox.check_disk() == 2000
+    with pytest.raises(SandboxError, match="disk limit"):
+        sandbox.check_disk(limit_bytes=1000)
+
+
+@pytest.mark.skipif(not (ROOT and CGROUP_V1), reason="needs root and cgroup v1 (as here)")
+def test_probe_limits_finds_cgroup_v1_as_root() -> None:
+    found = probe_limits(SandboxSettings())
+    assert found.startswith("cgroup v1 at /sys/fs/cgroup/{memory,pids,cpu}/tiergate"), found
+
+
+def test_probe_limits_without_a_cgroup(tmp_path: Path) -> None:
+    missing = SandboxSettings(cgroup_root=str(tmp_path / "absent"))
+    with pytest.raises(LimitsUnavailable, match="allow_unlimited=true"):
+        probe_limits(missing)
+    # A v1-looking tree whose parent cannot be made (a file is in the way).
+    for controller in ("memory", "pids", "cpu"):
+        (tmp_path / controller).mkdir()
+        (tmp_path / controller / "tasks").write_text("")
+    (tmp_path / "memory" / "tiergate").write_text("in the way")
+    blocked = SandboxSettings(cgroup_root=str(tmp_path))
+    with pytest.raises(LimitsUnavailable, match=str(tmp_path / "memory" / "tiergate")):
+        probe_limits(blocked)
+    opted_out = blocked.model_copy(update={"allow_unlimited": True})
+    assert "limits OFF" in probe_limits(opted_out)
+
+
+def test_sandbox_needs_limits_unless_allowed(tmp_path: Path) -> None:
+    settings = SandboxSettings(
+        work_dir="/tmp/tiergate-sandboxes/unit", cgroup_root=str(tmp_path / "absent")
+    )
+    with pytest.raises(LimitsUnavailable):
+        Sandbox(f"t{uuid.uuid4().hex[:8]}", JobLimits(), settings)
+    box = Sandbox(
+        f"t{uuid.uuid4().hex[:8]}",
+        JobLimits(),
+        settings.model_copy(update={"allow_unlimited": True}),
+    )
+    try:
+        assert box.run("echo unlimited", timeout=10).output.strip() == "unlimited"
+    finally:
+        box.close()
+
+
+_DELEGATED_WORKER = """
+import json, os, sys
+from tiergate.queue.schema import JobLimits
+from tiergate.sandbox import Sandbox, probe_limits
+from tiergate.settings import SandboxSettings
+
+settings = SandboxSettings(work_dir=sys.argv[1], cgroup_parent=sys.argv[2])
+found = probe_limits(settings)
+box = Sandbox("delegated", JobLimits(memory_mb=96), settings)
+try:
+    made = os.path.isdir(f"/sys/fs/cgroup/memory/{sys.argv[2]}/job-delegated")
+    echo = box.run("id -u", timeout=20)
+    hog = box.run("python3 -c 'b = bytearray(400 * 1024 * 1024)'", timeout=20)
+    bomb = box.run(":(){ :|:& };:", timeout=5)
+    after = box.run("echo alive", timeout=10)
+finally:
+    box.close()
+print(json.dumps([os.geteuid(), found, made, echo.output, hog.exit_code, after.output]))
+"""
+
+
+@pytest.mark.skipif(not (ROOT and CGROUP_V1), reason="needs root to delegate, and cgroup v1")
+def test_unprivileged_worker_with_a_delegated_parent() -> None:
+    nobody = 65534
+    parent = f"tiergate-delegated-{uuid.uuid4().hex[:8]}"
+    dirs = [Path("/sys/fs/cgroup", c, parent) for c in ("memory", "pids", "cpu")]
+    work = Path(tempfile.mkdtemp(prefix="tiergate-delegated-", dir="/tmp"))
+    try:
+        os.chown(work, nobody, nobody)
+        for path in dirs:
+            path.mkdir()
+            os.chown(path, nobody, nobody)
+        out = subprocess.run(
+            [
+                *("setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups"),
+                *(sys.executable, "-c", _DELEGATED_WORKER, str(work), parent),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[2],
+            env={"PATH": os.environ["PATH"], "HOME": str(work)},
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        uid, found, made, echo, hog_exit, after = json.loads(out.stdout.splitlines()[-1])
+        assert uid == nobody and found.startswith("cgroup v1 at") and made
+        assert echo.strip() == str(nobody)
+        assert hog_exit != 0  # the delegated cgroup's memory limit held
+        assert after.strip() == "alive"
+        assert not any(any(path.glob("job-*")) for path in dirs)  # removed by the worker
+    finally:
+        for path in dirs:
+            for child in path.glob("job-*"):
+                child.rmdir()
+            if path.is_dir():
+                path.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_ready_cgroup_v2_parent_is_found(tmp_path: Path) -> None:
+    from tiergate.sandbox.cgroup import find_parent
+
+    # Only the files find_parent reads (a real v2 tree has them from the kernel).
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    parent = find_parent(SandboxSettings(cgroup_root=str(tmp_path), cgroup_parent="jobs"))
+    assert parent.version == 2 and parent.describe() == f"cgroup v2 at {tmp_path}/jobs"

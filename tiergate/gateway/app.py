@@ -23,7 +23,8 @@ from tiergate.gateway import openapi
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.jobs import JobsAPI, register_job_routes
+from tiergate.gateway.jobroutes import register_job_routes
+from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
@@ -94,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
             store = JobStore(settings.jobs.storage)
             queue = JobQueue(settings.jobs.kafka)
             app.state.gateway.jobs = JobsAPI(
+                settings.jobs,
                 store,
                 queue,
                 gatekeeper,

@@ -12,6 +12,7 @@ from tiergate.settings import ApiKey, AuthSettings
 from tiergate.tiers import Tier
 
 KEY_PREFIX = "tg-"
+ON_BEHALF_OF = "x-tiergate-on-behalf-of"
 
 
 def hash_key(key: str) -> str:
@@ -51,12 +52,30 @@ class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
         self._enabled = settings.enabled
         self._by_hash = {key.hash: key for key in settings.keys}
+        self._by_name = {key.name: key for key in settings.keys}
 
     @property
     def enabled(self) -> bool:
         return self._enabled
 
-    def authenticate(self, authorization: str | None) -> Caller:
+    def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
+        """The caller a request counts against: the key presented, or, for a job worker's
+        key naming a job's owner, that owner."""
+        caller = self._authenticate(authorization)
+        if not on_behalf_of or caller.key is None:
+            return caller
+        if not caller.key.acts_for_job_owners:
+            raise OpenAIError(
+                403,
+                f"This API key may not send {ON_BEHALF_OF}.",
+                code="on_behalf_of_not_allowed",
+            )
+        owner = self._by_name.get(on_behalf_of)
+        if owner is None:
+            raise OpenAIError(403, "The job's owner no longer has a key.", code="owner_unknown")
+        return Caller(owner.name, owner)
+
+    def _authenticate(self, authorization: str | None) -> Caller:
         if not self._enabled:
             return ANONYMOUS
         if not authorization:

@@ -12,7 +12,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.limits import Decision, Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.selection import InspectedRequest
-from tiergate.settings import Settings
+from tiergate.settings import KeyLimits, Settings
 from tiergate.tiers import Tier
 
 
@@ -55,8 +55,28 @@ class Gatekeeper:
         self.admission = admission
         self._metrics = metrics
 
-    def authenticate(self, authorization: str | None) -> Caller:
-        return self.authenticator.authenticate(authorization)
+    def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
+        return self.authenticator.authenticate(authorization, on_behalf_of)
+
+    async def count_request(self, caller: Caller, request_id: str) -> dict[str, str]:
+        """Count one request (a job submission) against the key's requests per minute;
+        429 when over. Returns the rate-limit headers."""
+        key = caller.key
+        if key is None or not key.limits.requests_per_minute:
+            return {}
+        limits = KeyLimits(requests_per_minute=key.limits.requests_per_minute)
+        decision = await self.limiter.admit(caller.name, limits, 1, request_id)
+        if not decision.allowed:
+            self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
+            raise OpenAIError(
+                429,
+                _limit_message(decision),
+                code="rate_limit_exceeded",
+                type_="rate_limit_error",
+                headers=decision.headers(),
+            )
+        self.limiter.settle(caller.name, 0, request_id, decision.shared)
+        return decision.headers()
 
     def choose_tier(self, caller: Caller, req: InspectedRequest) -> Tier:
         tier = req.choice.tier

@@ -3,72 +3,96 @@
 It mirrors OpenAI's background responses: create answers at once with ``queued`` (but only
 after the broker acknowledged the job), poll ``GET /v1/jobs/{id}``, cancel idempotently,
 and stream events with ``sequence_number`` (resume with ``starting_after``). With API keys
-on, a job exists only for the key that created it.
+on, a job (and an uploaded workspace) exists only for the key that created it. Every
+state change goes through :class:`JobLifecycle`; every storage or broker failure is a 503
+with ``retry-after`` that names no bucket, key or address.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
-from tiergate.gateway import openapi
+from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.selection import parse_body, read_body
+from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.schema import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.store import JobStore, StorageError
+from tiergate.settings import JobsSettings
 from tiergate.tiers import UnknownTierError, parse_requested_tier
 
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+TERMINAL_EVENTS = {f"job.{s.value}" for s in JobStatus if s.terminal}
 
 
-def _unavailable(what: str, exc: Exception) -> OpenAIError:
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(data), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def unavailable(what: str, exc: Exception) -> OpenAIError:
     return OpenAIError(
         503,
-        f"The job {what} is unavailable ({exc}); nothing was accepted.",
-        code=f"{what.replace(' ', '_')}_unavailable",
+        f"The job {what} is unavailable ({exc}); nothing was changed. Retry later.",
+        code=f"{what}_unavailable",
+        type_="server_error",
         headers={"retry-after": "5"},
     )
+
+
+def _invalid(exc: ValidationError) -> OpenAIError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    return OpenAIError(400, f"{param}: {first['msg']}", param=param)
 
 
 class JobsAPI:
     def __init__(
         self,
+        settings: JobsSettings,
         store: JobStore,
         queue: JobQueue,
         gatekeeper: Gatekeeper,
         served_models: Any,
         max_body_bytes: int,
     ) -> None:
+        self._settings = settings
         self._max_body_bytes = max_body_bytes
         self._store = store
         self._queue = queue
+        self._jobs = JobLifecycle(store)
         self._gatekeeper = gatekeeper
         self._served_models = served_models
 
-    async def _owned(self, request: Request, job_id: str) -> tuple[Job, str]:
-        caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
+    async def _storage(self, fn: Any, *args: Any) -> Any:
         try:
-            job = await asyncio.to_thread(self._store.get, job_id)
+            return await asyncio.to_thread(fn, *args)
         except StorageError as exc:
-            raise _unavailable("store", exc) from exc
+            raise unavailable("store", exc) from exc
+
+    def _caller(self, request: Request) -> Caller:
+        return self._gatekeeper.authenticate(request.headers.get("authorization"))
+
+    async def _owned(self, request: Request, job_id: str) -> Job:
+        caller = self._caller(request)
+        job: Job | None = await self._storage(self._store.get, job_id)
         if job is None or job.owner != caller.name:
             # Another key's job does not exist, as far as this key can tell.
             raise OpenAIError(
                 404, f"No job with id {job_id!r}.", param="job_id", code="job_not_found"
             )
-        return job, caller.name
+        return job
 
     async def _public(self, job: Job) -> dict[str, Any]:
         try:
@@ -77,15 +101,9 @@ class JobsAPI:
             artifacts = {}
         return job.public(artifacts)
 
-    async def create(self, request: Request) -> Response:
-        caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
-        body = parse_body(await read_body(request, self._max_body_bytes))
-        try:
-            spec = JobCreate.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            raise OpenAIError(400, f"{param}: {first['msg']}", param=param) from None
+    # -- create -----------------------------------------------------------------------------
+
+    def _check_spec(self, caller: Caller, spec: JobCreate) -> None:
         try:
             tier = parse_requested_tier(spec.service_tier)
         except UnknownTierError:
@@ -95,6 +113,23 @@ class JobsAPI:
                 param="service_tier",
                 code="invalid_service_tier",
             ) from None
+        caps = self._settings.caps
+        for name in ("max_steps", "timeout_seconds", "cpus", "memory_mb", "disk_mb"):
+            asked, cap = getattr(spec.limits, name), getattr(caps, name)
+            if asked > cap:
+                raise OpenAIError(
+                    400,
+                    f"limits.{name}: {asked} is over this installation's cap ({cap}).",
+                    param=f"limits.{name}",
+                    code="limit_over_cap",
+                )
+        if not caller.may_use_model(spec.model):
+            raise OpenAIError(
+                403,
+                "This API key may not use the requested model.",
+                param="model",
+                code="model_not_allowed",
+            )
         if spec.model not in self._served_models():
             raise OpenAIError(
                 404,
@@ -104,54 +139,82 @@ class JobsAPI:
             )
         if tier is not None:
             self._gatekeeper.authenticator.check_access(caller, spec.model, tier, True)
-        elif not caller.may_use_model(spec.model):
-            raise OpenAIError(
-                403,
-                f"This API key may not use the model {spec.model!r}.",
-                param="model",
-                code="model_not_allowed",
-            )
-        job = Job(
-            id=f"job_{uuid.uuid4().hex}",
-            owner=caller.name,
-            status=JobStatus.QUEUED,
-            model=spec.model,
-            service_tier=spec.service_tier,
-            created_at=int(time.time()),
-            metadata=spec.metadata,
-        )
+
+    async def create(self, request: Request) -> Response:
+        caller = self._caller(request)
+        body = parse_body(await read_body(request, self._max_body_bytes))
         try:
-            await asyncio.to_thread(self._store.create, job, spec)
-            await asyncio.to_thread(
-                self._store.append_event,
-                job.id,
-                1,
-                {"type": "job.queued", "status": "queued", "created_at": job.created_at},
+            spec = JobCreate.model_validate(body)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        self._check_spec(caller, spec)
+        job_id = f"job_{uuid.uuid4().hex}"
+        headers = await self._gatekeeper.count_request(caller, job_id)
+        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
+            self._settings.max_outstanding_jobs
+        )
+        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
+            raise OpenAIError(
+                429,
+                f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
+                code="too_many_outstanding_jobs",
+                type_="rate_limit_error",
+                headers={"retry-after": "30", **headers},
             )
+        digest = None
+        if idempotency := request.headers.get("idempotency-key"):
+            digest = hashlib.sha256(f"{idempotency}\n{spec.model_dump_json()}".encode())
+            digest_hex = digest.hexdigest()
+            bound = await self._storage(
+                self._store.claim_idempotency, caller.name, digest_hex, job_id
+            )
+            if bound != job_id:
+                existing = await self._storage(self._store.get, bound)
+                if existing is not None:
+                    return json_response(await self._public(existing), headers=headers)
+                job_id = bound  # a retry of a create that failed before its record
+        job = self._jobs.new_job(job_id, caller.name, spec)
+        try:
+            await asyncio.to_thread(self._jobs.create, job, spec)
         except StorageError as exc:
-            await asyncio.to_thread(self._store.delete, job)
-            raise _unavailable("store", exc) from exc
+            await self._undo(job, digest)
+            raise unavailable("store", exc) from exc
         try:
             await asyncio.to_thread(
                 self._queue.enqueue, JobMessage(id=job.id, owner=job.owner, spec=spec)
             )
         except QueueUnavailable as exc:
-            await asyncio.to_thread(self._store.delete, job)
-            raise _unavailable("queue", exc) from exc
-        return _json(job.public({}))
+            await self._undo(job, digest)
+            raise unavailable("queue", exc) from exc
+        return json_response(job.public({}), headers=headers)
+
+    async def _undo(self, job: Job, digest: Any) -> None:
+        await asyncio.to_thread(self._jobs.discard, job)
+        if digest is not None:
+            await asyncio.to_thread(self._store.release_idempotency, job.owner, digest.hexdigest())
+
+    # -- uploads ----------------------------------------------------------------------------
+
+    async def upload(self, request: Request) -> Response:
+        """A starting workspace (a tar archive, optionally gzip'd) for this key's jobs."""
+        caller = self._caller(request)
+        body = await read_body(request, self._settings.max_upload_bytes)
+        if not body:
+            raise OpenAIError(400, "The upload is empty: send a tar archive as the body.")
+        upload_id = f"upl_{uuid.uuid4().hex}"
+        await self._storage(self._store.put_upload, caller.name, upload_id, body)
+        return json_response({"id": upload_id, "object": "workspace.upload", "bytes": len(body)})
+
+    # -- read, list, cancel, events ---------------------------------------------------------
 
     async def get(self, request: Request, job_id: str) -> Response:
-        job, _ = await self._owned(request, job_id)
-        return _json(await self._public(job))
+        return json_response(await self._public(await self._owned(request, job_id)))
 
-    async def list(self, request: Request, after: str | None, limit: int) -> Response:
-        caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
-        try:
-            jobs, more = await asyncio.to_thread(self._store.list_jobs, caller.name, after, limit)
-        except StorageError as exc:
-            raise _unavailable("store", exc) from exc
+    async def listing(self, request: Request, after: str | None, limit: int) -> Response:
+        caller = self._caller(request)
+        jobs, more = await self._storage(self._store.list_jobs, caller.name, after, limit)
         data = [job.public({}) for job in jobs]
-        return _json(
+        return json_response(
             {
                 "object": "list",
                 "data": data,
@@ -162,129 +225,52 @@ class JobsAPI:
         )
 
     async def cancel(self, request: Request, job_id: str) -> Response:
-        job, _ = await self._owned(request, job_id)
-        if job.status.terminal:
-            return _json(await self._public(job))
-        try:
-            await asyncio.to_thread(self._store.request_cancel, job_id)
-            if job.status is JobStatus.QUEUED:
-                job.status = JobStatus.CANCELLED
-                job.completed_at = int(time.time())
-                if await asyncio.to_thread(self._store.finalize, job):
-                    await asyncio.to_thread(self._cancelled_event, job)
-                else:
-                    current = await asyncio.to_thread(self._store.get, job_id)
-                    job = current or job
-            else:
-                # A running job stops within seconds (the worker watches for this).
-                job.cancel_requested_at = int(time.time())
-                await asyncio.to_thread(self._store.put_status, job)
-        except StorageError as exc:
-            raise _unavailable("store", exc) from exc
-        return _json(await self._public(job))
-
-    def _cancelled_event(self, job: Job) -> None:
-        sequence = self._store.last_sequence(job.id) + 1
-        self._store.append_event(
-            job.id,
-            sequence,
-            {
-                "type": "job.cancelled",
-                "status": "cancelled",
-                "created_at": int(time.time()),
-                "job": job.model_dump(mode="json", exclude={"owner"}),
-            },
-        )
+        job = await self._owned(request, job_id)
+        job = await self._storage(self._jobs.cancel, job)
+        return json_response(await self._public(job))
 
     async def events(self, request: Request, job_id: str, starting_after: int) -> Response:
         await self._owned(request, job_id)
-
-        async def stream() -> AsyncIterator[bytes]:
-            after = starting_after
-            idle = 0.0
-            while True:
-                try:
-                    found = await asyncio.to_thread(self._store.events, job_id, after)
-                except StorageError as exc:
-                    err = OpenAIError(
-                        503, f"The job store is unavailable ({exc}).", code="store_unavailable"
-                    )
-                    yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
-                    return
-                for event in found:
-                    after = event["sequence_number"]
-                    yield b"data: " + orjson.dumps(event) + b"\n\n"
-                    if event["type"] in _TERMINAL_EVENTS:
-                        yield b"data: [DONE]\n\n"
-                        return
-                if found:
-                    idle = 0.0
-                elif idle >= 15.0:
-                    idle = 0.0
-                    yield b": keep-alive\n\n"
-                    # A finished job whose terminal event never came (its worker died in
-                    # between; the next delivery writes it) must not hold the stream open.
-                    job = await asyncio.to_thread(self._store.final, job_id)
-                    if job is not None:
-                        yield b"data: [DONE]\n\n"
-                        return
-                await asyncio.sleep(0.5)
-                idle += 0.5
-
+        # The first read happens before the response starts, so a store that is down is a
+        # 503 like every other route, not a 200 stream that breaks at once.
+        first = await self._storage(self._store.events, job_id, starting_after)
         return StreamingResponse(
-            stream(),
+            self._stream(job_id, starting_after, first),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
-
-_TERMINAL_EVENTS = {f"job.{s.value}" for s in JobStatus if s.terminal}
-
-
-def register_job_routes(app: FastAPI) -> None:
-    """The ``/v1/jobs`` routes; they answer 404 ``jobs_disabled`` when jobs are off."""
-
-    def api(request: Request) -> JobsAPI:
-        jobs: JobsAPI | None = request.app.state.gateway.jobs
-        if jobs is None:
-            raise OpenAIError(
-                404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
-            )
-        return jobs
-
-    errors = openapi.error_responses("400", "401", "403", "404", "503")
-
-    @app.post(
-        "/v1/jobs",
-        tags=["jobs"],
-        responses=errors,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": JobCreate.model_json_schema()}},
-            }
-        },
-    )
-    async def create_job(request: Request) -> Response:
-        """Submit an agent job; answers once the broker has acknowledged it."""
-        return await api(request).create(request)
-
-    @app.get("/v1/jobs", tags=["jobs"], responses=errors)
-    async def list_jobs(request: Request, after: str | None = None, limit: int = 20) -> Response:
-        if not 1 <= limit <= 100:
-            raise OpenAIError(400, "limit must be between 1 and 100.", param="limit")
-        return await api(request).list(request, after, limit)
-
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors)
-    async def get_job(request: Request, job_id: str) -> Response:
-        return await api(request).get(request, job_id)
-
-    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses=errors)
-    async def cancel_job(request: Request, job_id: str) -> Response:
-        """Idempotent; a cancelled job stays cancelled."""
-        return await api(request).cancel(request, job_id)
-
-    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], responses=errors)
-    async def job_events(request: Request, job_id: str, starting_after: int = 0) -> Response:
-        """Server-Sent Events of status changes and steps, each with a sequence_number."""
-        return await api(request).events(request, job_id, starting_after)
+    async def _stream(
+        self, job_id: str, after: int, found: list[dict[str, Any]]
+    ) -> AsyncIterator[bytes]:
+        idle = 0.0
+        while True:
+            for event in found:
+                after = event["sequence_number"]
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                if event["type"] in TERMINAL_EVENTS:
+                    yield b"data: [DONE]\n\n"
+                    return
+            if found:
+                idle = 0.0
+            elif idle >= 15.0:
+                idle = 0.0
+                yield b": keep-alive\n\n"
+                # A finished job whose terminal event never came (its worker died in
+                # between; the next delivery writes it) must not hold the stream open.
+                try:
+                    if await asyncio.to_thread(self._store.final, job_id) is not None:
+                        yield b"data: [DONE]\n\n"
+                        return
+                except StorageError:
+                    pass
+            await asyncio.sleep(0.5)
+            idle += 0.5
+            try:
+                found = await asyncio.to_thread(self._store.events, job_id, after)
+            except StorageError as exc:
+                # Mid-stream the status line is gone: say so in the stream, and the client
+                # resumes with starting_after.
+                err = unavailable("store", exc)
+                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
+                return

@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
+from tiergate.gateway.auth import ON_BEHALF_OF
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.logs import AccessLog
@@ -106,7 +107,9 @@ class CompletionsProxy:
         fields: dict[str, Any] = {"request_id": request_id, "path": path}
         lease: Lease | None = None
         try:
-            caller = self._gatekeeper.authenticate(request.headers.get("authorization"))
+            caller = self._gatekeeper.authenticate(
+                request.headers.get("authorization"), request.headers.get(ON_BEHALF_OF)
+            )
             fields["key"] = caller.name
             raw = await read_body(request, self._settings.gateway.max_body_bytes)
             req = inspect(

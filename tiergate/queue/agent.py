@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import httpx
 
-from tiergate.queue.sandbox import Sandbox
+from tiergate.sandbox import Sandbox
 
 TEXT_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
 To run a command, answer with exactly one command in a fenced block, like this:
@@ -78,8 +78,12 @@ class ModelClient:
         service_tier: str,
         api_key: str | None,
         timeout: float = 120.0,
+        on_behalf_of: str | None = None,
     ) -> None:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        if api_key and on_behalf_of:
+            # The job's owner's models, tiers and limits apply to the agent's calls.
+            headers["x-tiergate-on-behalf-of"] = on_behalf_of
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -108,8 +112,17 @@ class ModelClient:
             raise ModelUnavailable(f"HTTP {resp.status_code}: {resp.text[:300]}")
         if resp.status_code != 200:
             raise ModelRefused(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        data: dict[str, Any] = resp.json()
-        return data
+        try:
+            data = resp.json()
+            message = data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ModelRefused(
+                f"the model endpoint's answer is not a chat completion: {resp.text[:200]!r}"
+            ) from None
+        if not isinstance(message, dict):
+            raise ModelRefused("the model endpoint's answer has no message")
+        result: dict[str, Any] = data
+        return result
 
     def close(self) -> None:
         self._client.close()

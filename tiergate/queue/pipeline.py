@@ -33,6 +33,7 @@ class JobQueue:
         self._settings = settings
         self._producer: KafkaProducer | None = None
         self._lock = threading.Lock()
+        self._ensured: set[str] = set()
 
     def ensure_topics(self) -> None:
         try:
@@ -42,7 +43,7 @@ class JobQueue:
                 bootstrap_timeout_ms=int(self._settings.request_timeout_seconds * 1000),
             )
         except KafkaError as exc:
-            raise QueueUnavailable(str(exc)) from exc
+            raise QueueUnavailable(f"the broker is unreachable ({type(exc).__name__})") from exc
         try:
             existing = set(admin.list_topics())
             wanted = [
@@ -57,6 +58,8 @@ class JobQueue:
             if wanted:
                 with contextlib.suppress(TopicAlreadyExistsError):
                     admin.create_topics(wanted)
+        except KafkaError as exc:
+            raise QueueUnavailable(f"the broker failed ({type(exc).__name__})") from exc
         finally:
             admin.close()
 
@@ -74,17 +77,41 @@ class JobQueue:
                         bootstrap_timeout_ms=int(self._settings.request_timeout_seconds * 1000),
                     )
                 except KafkaError as exc:
-                    raise QueueUnavailable(str(exc)) from exc
+                    raise QueueUnavailable(
+                        f"the broker is unreachable ({type(exc).__name__})"
+                    ) from exc
             return self._producer
 
+    def _reset_producer(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=1)
+
     def _send(self, topic: str, message: JobMessage) -> None:
-        try:
-            future = self._get_producer().send(
-                topic, key=message.id.encode(), value=message.model_dump_json().encode()
-            )
-            future.get(timeout=self._settings.request_timeout_seconds)
-        except (KafkaError, TimeoutError) as exc:
-            raise QueueUnavailable(f"{topic}: {type(exc).__name__}: {exc}") from exc
+        """Produce and wait for the broker's acknowledgement (``acks=all``): an answer here
+        means the message is in the broker's storage. A first failure (a broker that
+        restarted, topics that vanished with an in-memory broker) gets one more try on a
+        new producer after the topics are ensured; the second is the caller's 503."""
+        for attempt in (1, 2):
+            try:
+                if topic not in self._ensured:
+                    self.ensure_topics()
+                    self._ensured.add(topic)
+                future = self._get_producer().send(
+                    topic, key=message.id.encode(), value=message.model_dump_json().encode()
+                )
+                future.get(timeout=self._settings.request_timeout_seconds)
+                return
+            except (KafkaError, TimeoutError, QueueUnavailable) as exc:
+                log.warning("produce to %s failed (attempt %d): %r", topic, attempt, exc)
+                self._ensured.clear()
+                self._reset_producer()
+                if attempt == 2:
+                    raise QueueUnavailable(
+                        f"the broker did not acknowledge ({type(exc).__name__})"
+                    ) from exc
 
     def enqueue(self, message: JobMessage) -> None:
         self._send(self._settings.topic, message)

@@ -1,9 +1,16 @@
 """Running one job, start to finish: workspace, setup, the agent loop, the verifier, the
-artifacts, and the terminal record written exactly once.
+artifacts. Every state change goes through :class:`JobLifecycle`.
 
-Redelivery is normal: a job whose terminal record exists is not run again. Transient
-failures (model endpoint down, object storage errors) send the job to the retry topic with
-backoff; a job that keeps failing ends ``failed`` and goes to the dead-letter topic.
+What ends a job, and how:
+- the agent stops, runs out of steps or time: ``completed`` or ``incomplete``;
+- a transient failure (model endpoint down, object storage errors): the retry topic with
+  backoff, ``failed`` after ``max_attempts``;
+- anything else that goes wrong while processing (the sandbox, a refused model call, a
+  bad archive, a bug): ``failed`` with the reason, and the message to the dead-letter
+  topic; the partition moves on;
+- a job whose pickups keep killing their worker: every pickup is counted in object
+  storage, so after ``max_attempts`` pickups it is failed without running again.
+Redelivery is normal: a job whose terminal record exists is not run again.
 """
 
 from __future__ import annotations
@@ -13,36 +20,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
+from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
-from tiergate.queue.sandbox import Sandbox, SandboxError
 from tiergate.queue.schema import Job, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
+from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
 Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned"]
+# Called with (status, reason) when a job ends here, for the worker's metrics.
+Finished = Callable[[str, str], None]
 
 
 class Abandoned(Exception):
     """The worker is shutting down before the job finished; it will be redelivered."""
-
-
-@dataclass
-class _Events:
-    store: JobStore
-    job_id: str
-    sequence: int
-
-    def emit(self, kind: str, **data: Any) -> None:
-        self.sequence += 1
-        self.store.append_event(
-            self.job_id, self.sequence, {"type": kind, "created_at": int(time.time()), **data}
-        )
 
 
 class JobRunner:
@@ -54,11 +50,14 @@ class JobRunner:
         store: JobStore,
         queue: JobQueue,
         model_client: Callable[[JobMessage], ModelClient] | None = None,
+        on_finished: Finished = lambda status, reason: None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._queue = queue
+        self._jobs = JobLifecycle(store)
         self._model_client = model_client or self._default_client
+        self._on_finished = on_finished
         self._abandon = threading.Event()
         self._sandbox: Sandbox | None = None
 
@@ -68,12 +67,18 @@ class JobRunner:
             message.spec.model,
             message.spec.service_tier,
             self._settings.worker.api_key,
+            on_behalf_of=message.owner,
         )
 
     def abandon(self) -> None:
         self._abandon.set()
         if self._sandbox is not None:
             self._sandbox.kill()
+
+    def _end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
+        final = self._jobs.finish(job, status, **kwargs)
+        self._on_finished(final.status.value, reason)
+        return final
 
     # -- the job ----------------------------------------------------------------------------
 
@@ -82,44 +87,60 @@ class JobRunner:
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
             # stream must still end, so the event is written now.
-            self._ensure_terminal_event(final)
+            self._jobs.ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
-        job = self._store.get(message.id) or Job(
-            id=message.id,
-            owner=message.owner,
-            status=JobStatus.QUEUED,
-            model=message.spec.model,
-            service_tier=message.spec.service_tier,
-            created_at=int(time.time()),
-            metadata=message.spec.metadata,
-        )
-        events = _Events(self._store, job.id, self._store.last_sequence(job.id))
-        if self._store.cancel_requested(job.id):
-            self._finish(job, events, JobStatus.CANCELLED)
+        current = self._store.get(message.id)
+        if message.resent and current is not None and current.status is not JobStatus.QUEUED:
+            return "skipped"  # the original message got through after all
+        if current is not None and self._store.cancel_requested(message.id):
+            self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        job.status = JobStatus.IN_PROGRESS
-        job.started_at = int(time.time())
-        job.attempts = message.attempt
-        job.error = None
-        self._store.put_status(job)
-        events.emit("job.in_progress", status=job.status.value, attempt=message.attempt)
+        deliveries = self._store.record_delivery(message.id)
+        max_attempts = self._settings.worker.max_attempts
+        if deliveries > max_attempts:
+            job = current or self._jobs.new_job(message.id, message.owner, message.spec)
+            self._end(
+                job,
+                JobStatus.FAILED,
+                "crashed_workers",
+                error={
+                    "code": "crashed_workers",
+                    "message": f"picked up {deliveries - 1} times without finishing "
+                    f"(max_attempts={max_attempts}): the job stops the worker that runs it",
+                },
+            )
+            self._dead_letter(message)
+            return "dead"
+        job = self._jobs.start(message, deliveries)
         try:
-            return self._run(job, message, events)
+            return self._run(job, message)
         except Abandoned:
+            self._store.forget_delivery(message.id, deliveries)
             return "abandoned"
         except (ModelUnavailable, StorageError) as exc:
-            return self._transient(job, message, events, exc)
-        except (ModelRefused, SandboxError) as exc:
-            reason = "sandbox" if isinstance(exc, SandboxError) else "model_refused"
-            job.error = {"code": reason, "message": str(exc)}
-            self._finish(job, events, JobStatus.FAILED)
+            return self._transient(job, message, exc)
+        except Exception as exc:
+            reason = (
+                "sandbox"
+                if isinstance(exc, SandboxError)
+                else "model_refused"
+                if isinstance(exc, ModelRefused)
+                else "internal"
+            )
+            if reason == "internal":
+                log.exception("job %s failed while processing", job.id)
+            message_text = str(exc) if reason != "internal" else f"{type(exc).__name__}: {exc}"
+            self._end(
+                job, JobStatus.FAILED, reason, error={"code": reason, "message": message_text}
+            )
             self._dead_letter(message)
             return "dead"
 
-    def _run(self, job: Job, message: JobMessage, events: _Events) -> Outcome:
+    def _run(self, job: Job, message: JobMessage) -> Outcome:
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
+        disk = spec.limits.disk_mb * 1024 * 1024
         sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
         self._sandbox = sandbox
         cancelled = threading.Event()
@@ -131,9 +152,13 @@ class JobRunner:
         trajectory: list[dict[str, Any]] = []
         model = self._model_client(message)
         try:
-            if spec.workspace.url:
-                sandbox.extract(self._store.read_object(spec.workspace.url))
+            if spec.workspace.upload_id:
+                archive = self._store.read_upload(message.owner, spec.workspace.upload_id)
+                if archive is None:
+                    raise SandboxError("the workspace upload no longer exists")
+                sandbox.extract(archive, max_bytes=disk)
             sandbox.write_files(spec.workspace.files or {})
+            sandbox.check_disk(disk)
             for command in spec.setup:
                 result = sandbox.run(command, timeout=max(1.0, deadline - time.monotonic()))
                 trajectory.append(
@@ -145,26 +170,15 @@ class JobRunner:
                     }
                 )
                 self._check_abandon()
+                sandbox.check_disk(disk)
                 if result.exit_code != 0:
                     raise SandboxError(f"setup command failed ({result.exit_code}): {command}")
 
             def on_step(entry: dict[str, Any]) -> None:
-                job.steps = entry["step"]
-                self._store.put_status(job)
-                events.emit(
-                    "job.step",
-                    step=entry["step"],
-                    command=entry["command"],
-                    exit_code=entry["exit_code"],
-                    output=entry["output"],
-                )
-                used = sandbox.workspace_bytes()
-                if used > spec.limits.disk_mb * 1024 * 1024:
-                    raise SandboxError(
-                        f"the workspace grew to {used} bytes, over disk_mb={spec.limits.disk_mb}"
-                    )
+                self._jobs.step(job, entry)
+                sandbox.check_disk(disk)
 
-            loop = AgentLoop(
+            run = AgentLoop(
                 model=model,
                 sandbox=sandbox,
                 instruction=spec.instruction,
@@ -173,33 +187,34 @@ class JobRunner:
                 protocol=self._settings.worker.protocol,
                 cancelled=cancelled.is_set,
                 on_step=on_step,
-            )
-            run = loop.run()
+            ).run()
             trajectory += run.trajectory
             job.steps = run.steps
             self._check_abandon()
             if run.stop == "cancelled" or cancelled.is_set():
                 self._store_artifacts(job, sandbox, trajectory, None)
-                self._finish(job, events, JobStatus.CANCELLED)
+                self._end(job, JobStatus.CANCELLED, "cancelled")
                 return "finished"
             verifier_log = None
             if spec.verifier is not None:
                 result = sandbox.run(spec.verifier.command, spec.verifier.timeout_seconds)
                 verifier_log = result.output
+                sandbox.check_disk(disk)
                 reward = _read_reward(sandbox, spec.verifier.reward_file)
-                job.result = JobResult(
-                    passed=result.exit_code == 0 and (reward is None or reward > 0),
-                    reward=reward,
-                    verifier_exit_code=result.exit_code,
+                self._jobs.verified(
+                    job,
+                    JobResult(
+                        passed=result.exit_code == 0 and (reward is None or reward > 0),
+                        reward=reward,
+                        verifier_exit_code=result.exit_code,
+                    ),
                 )
-                events.emit("job.verified", exit_code=result.exit_code, reward=reward)
             self._check_abandon()
             self._store_artifacts(job, sandbox, trajectory, verifier_log)
             if run.stop in ("max_steps", "timeout"):
-                job.incomplete_details = {"reason": run.stop}
-                self._finish(job, events, JobStatus.INCOMPLETE)
+                self._end(job, JobStatus.INCOMPLETE, run.stop, incomplete=run.stop)
             else:
-                self._finish(job, events, JobStatus.COMPLETED)
+                self._end(job, JobStatus.COMPLETED, "ok")
             return "finished"
         finally:
             stop_watch.set()
@@ -232,30 +247,9 @@ class JobRunner:
             self._store.put_artifact(job.id, "verifier_log", verifier_log.encode())
         self._store.put_artifact(job.id, "workspace", sandbox.archive())
 
-    def _finish(self, job: Job, events: _Events, status: JobStatus) -> None:
-        job.status = status
-        job.completed_at = int(time.time())
-        if self._store.finalize(job):
-            events.emit(
-                f"job.{status.value}",
-                status=status.value,
-                job=job.model_dump(mode="json", exclude={"owner"}),
-            )
-        else:
-            log.info("job %s: terminal record already written by another writer", job.id)
-
-    def _ensure_terminal_event(self, job: Job) -> None:
-        kind = f"job.{job.status.value}"
-        if any(e["type"] == kind for e in self._store.events(job.id, 0)):
-            return
-        events = _Events(self._store, job.id, self._store.last_sequence(job.id))
-        events.emit(
-            kind, status=job.status.value, job=job.model_dump(mode="json", exclude={"owner"})
-        )
-
     # -- failure ----------------------------------------------------------------------------
 
-    def _transient(self, job: Job, message: JobMessage, events: _Events, exc: Exception) -> Outcome:
+    def _transient(self, job: Job, message: JobMessage, exc: Exception) -> Outcome:
         worker = self._settings.worker
         log.warning("job %s attempt %d failed: %s", job.id, message.attempt, exc)
         if message.attempt < worker.max_attempts:
@@ -265,21 +259,20 @@ class JobRunner:
             )
             try:
                 self._queue.retry_later(retry)
-                job.status = JobStatus.QUEUED
-                job.error = {"code": "retrying", "message": str(exc)}
-                self._store.put_status(job)
-                events.emit(
-                    "job.retrying", attempt=message.attempt, delay_seconds=delay, error=str(exc)
-                )
+                self._jobs.retrying(job, message.attempt, delay, str(exc))
                 return "retry"
             except (QueueUnavailable, StorageError) as again:
                 log.error("job %s could not be scheduled for retry: %s", job.id, again)
                 raise
-        job.error = {
-            "code": "transient_failures",
-            "message": f"gave up after {message.attempt} attempts: {exc}",
-        }
-        self._finish(job, events, JobStatus.FAILED)
+        self._end(
+            job,
+            JobStatus.FAILED,
+            "transient_failures",
+            error={
+                "code": "transient_failures",
+                "message": f"gave up after {message.attempt} attempts: {exc}",
+            },
+        )
         self._dead_letter(message)
         return "dead"
 
@@ -298,5 +291,5 @@ def _read_reward(sandbox: Sandbox, name: str | None) -> float | None:
         return None
     try:
         return float(path.read_text().strip().split()[0])
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, OSError):
         return None

@@ -22,26 +22,58 @@ class JobStatus(StrEnum):
         return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 
 
+def _no_nul(value: Any, where: str) -> None:
+    """A NUL byte cannot be in a command, a path or an argument: refuse it at submit."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where} contains a NUL byte")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_nul(k, where)
+            _no_nul(v, where)
+    elif isinstance(value, list):
+        for item in value:
+            _no_nul(item, where)
+
+
 class _Strict(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-class Workspace(_Strict):
-    """The starting files: inline, or a tar archive in object storage (``s3://bucket/key``)."""
+MAX_WORKSPACE_FILES = 1000
 
-    files: dict[str, str] | None = None
-    url: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
+
+class Workspace(_Strict):
+    """The starting files: inline, or a tar archive the same key uploaded earlier
+    (``POST /v1/jobs/workspaces`` answers its ``id``). A job never names an arbitrary
+    object: the worker reads uploads only under the job owner's own prefix."""
+
+    files: dict[str, str] | None = Field(None, max_length=MAX_WORKSPACE_FILES)
+    upload_id: str | None = Field(None, pattern=r"^upl_[0-9a-f]{32}$")
 
     @model_validator(mode="after")
     def _one(self) -> Workspace:
-        if self.files is not None and self.url is not None:
-            raise ValueError("give workspace.files or workspace.url, not both")
+        if self.files is not None and self.upload_id is not None:
+            raise ValueError("give workspace.files or workspace.upload_id, not both")
+        _no_nul(self.files or {}, "workspace.files")
+        paths = set()
         for path in self.files or {}:
             norm = posixpath.normpath(path)
             if path.startswith("/") or norm.startswith("..") or norm in (".", ""):
                 raise ValueError(
                     f"workspace.files: {path!r} must be a relative path inside the workspace"
                 )
+            if norm in paths:
+                raise ValueError(f"workspace.files: {path!r} is given twice")
+            paths.add(norm)
+        for norm in paths:
+            parent = posixpath.dirname(norm)
+            while parent:
+                if parent in paths:
+                    raise ValueError(
+                        f"workspace.files: {parent!r} is a file and also a directory of {norm!r}"
+                    )
+                parent = posixpath.dirname(parent)
         return self
 
 
@@ -49,9 +81,14 @@ class Verifier(_Strict):
     """Run after the agent stops; exit status 0 passes. A reward file, if written, gives
     the reward (a number)."""
 
-    command: str = Field(min_length=1)
+    command: str = Field(min_length=1, max_length=100_000)
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
-    reward_file: str | None = None
+    reward_file: str | None = Field(None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _clean(self) -> Verifier:
+        _no_nul([self.command, self.reward_file or ""], "verifier")
+        return self
 
 
 class JobLimits(_Strict):
@@ -80,6 +117,22 @@ class JobCreate(_Strict):
         for k, v in value.items():
             if len(k) > 64 or len(v) > 512:
                 raise ValueError("metadata keys are at most 64 characters, values 512")
+        _no_nul(value, "metadata")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _commands(cls, value: list[str]) -> list[str]:
+        for command in value:
+            if not command.strip() or len(command) > 100_000:
+                raise ValueError("each setup command is 1 to 100,000 characters")
+        _no_nul(value, "setup")
+        return value
+
+    @field_validator("instruction", "model", "service_tier")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        _no_nul(value, "the text")
         return value
 
 
@@ -99,6 +152,8 @@ class Job(BaseModel):
     model: str
     service_tier: str
     created_at: int
+    # Milliseconds, for listing newest first within one second; not part of the API.
+    created_ms: int = 0
     started_at: int | None = None
     completed_at: int | None = None
     steps: int = 0
@@ -109,8 +164,12 @@ class Job(BaseModel):
     cancel_requested_at: int | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def created_at_ms(self) -> int:
+        return self.created_ms or self.created_at * 1000
+
     def public(self, artifacts: dict[str, str]) -> dict[str, Any]:
-        body = self.model_dump(mode="json", exclude={"owner"})
+        body = self.model_dump(mode="json", exclude={"owner", "created_ms"})
         body["artifacts"] = artifacts
         return body
 
@@ -123,3 +182,6 @@ class JobMessage(BaseModel):
     spec: JobCreate
     attempt: int = 1
     not_before: float = 0.0
+    # Set when the sweep re-sends a job whose first message may never have reached the
+    # broker: a worker then runs it only if it is still queued.
+    resent: bool = False

@@ -5,25 +5,42 @@ Layout under ``{prefix}``:
 
     {id}/spec.json        the request, as accepted
     {id}/status.json      the job object, updated as it runs
-    {id}/events/NNNNNNNN.json   status changes and steps, numbered from 1
+    {id}/events/NNNNNNNN.json   status changes and steps, numbered from 1, each written
+                          once (If-None-Match), so two writers never overwrite an event
+    {id}/deliveries/NNNN  one per pickup by a worker (survives redelivery)
     {id}/cancel           present once cancellation was asked for
     {id}/artifacts/...    trajectory.jsonl, verifier.log, workspace.tar.gz
     {id}/result.json      the terminal job object, written once (If-None-Match: *), last
     index/{owner}/{13-digit inverted ms}_{id}   newest first, for listing
+    pending/{owner}/{id}  present while the job is not finished (outstanding-job caps,
+                          and the sweep that re-sends a job whose message was lost)
+    uploads/{owner}/{id}.tar    starting workspaces a key uploaded (only its own are read)
+    idempotency/{owner}/{sha256}  the job a client's Idempotency-Key created
+
+Errors: every failure of the store (unreachable, bucket gone, refused) is a
+:class:`StorageError` whose message names no bucket or key (it reaches API callers); the
+details go to the log. A bucket that disappeared (an in-memory server restarted, or an
+operator's mistake) is created again on demand.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-from typing import Any
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tiergate.queue.schema import Job, JobCreate
 from tiergate.settings import StorageSettings
+
+log = logging.getLogger("tiergate.store")
 
 ARTIFACTS = {
     "trajectory": "artifacts/trajectory.jsonl",
@@ -31,11 +48,31 @@ ARTIFACTS = {
     "workspace": "artifacts/workspace.tar.gz",
     "result": "result.json",
 }
-_INVERT = 10**13
+_INVERT = 10**15
+_T = TypeVar("_T")
 
 
 class StorageError(Exception):
     """Object storage failed (transient as far as a job is concerned)."""
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _conflict(exc: ClientError) -> bool:
+    return _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict") or _status(exc) in (
+        409,
+        412,
+    )
+
+
+def _missing(exc: ClientError) -> bool:
+    return _code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
 class JobStore:
@@ -48,68 +85,137 @@ class JobStore:
             endpoint_url=settings.endpoint_url,
             region_name=settings.region,
             config=Config(
-                retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=3, read_timeout=10
+                retries={"max_attempts": 2, "mode": "standard"},
+                connect_timeout=settings.timeout_seconds,
+                read_timeout=max(10.0, settings.timeout_seconds),
             ),
         )
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """Run one S3 call; a vanished bucket is created again and the call retried once."""
+        for attempt in (1, 2):
+            try:
+                return fn()
+            except ClientError as exc:
+                if _code(exc) == "NoSuchBucket" and attempt == 1:
+                    self.ensure_bucket()
+                    continue
+                log.warning("object storage: %s failed: %s", what, exc)
+                raise StorageError(f"object storage refused a {what} ({_code(exc)})") from exc
+            except BotoCoreError as exc:
+                log.warning("object storage: %s failed: %s", what, exc)
+                raise StorageError(f"object storage is unreachable ({type(exc).__name__})") from exc
+        raise AssertionError("unreachable")
+
     def _key(self, job_id: str, name: str) -> str:
         return f"{self._prefix}{job_id}/{name}"
 
     def _put(self, key: str, body: bytes, **extra: Any) -> None:
-        try:
-            self._s3.put_object(Bucket=self._bucket, Key=key, Body=body, **extra)
-        except ClientError as exc:
-            raise StorageError(f"put {key}: {exc}") from exc
+        self._call(
+            "write", lambda: self._s3.put_object(Bucket=self._bucket, Key=key, Body=body, **extra)
+        )
+
+    def _put_once(self, key: str, body: bytes, **extra: Any) -> bool:
+        """Write ``key`` only if it does not exist; False when it did."""
+
+        def put() -> bool:
+            try:
+                self._s3.put_object(
+                    Bucket=self._bucket, Key=key, Body=body, IfNoneMatch="*", **extra
+                )
+            except ClientError as exc:
+                if _conflict(exc):
+                    return False
+                raise
+            return True
+
+        return self._call("write", put)
 
     def _get(self, key: str) -> bytes | None:
-        try:
-            return bytes(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise StorageError(f"get {key}: {exc}") from exc
+        def get() -> bytes | None:
+            try:
+                return bytes(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())
+            except ClientError as exc:
+                if _missing(exc):
+                    return None
+                raise
 
-    def _list(self, prefix: str, start_after: str = "", limit: int = 1000) -> list[str]:
-        try:
-            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": prefix, "MaxKeys": limit}
-            if start_after:
+        return self._call("read", get)
+
+    def _delete(self, key: str) -> None:
+        self._call("delete", lambda: self._s3.delete_object(Bucket=self._bucket, Key=key))
+
+    def _pages(self, prefix: str, start_after: str = "") -> Iterator[list[str]]:
+        """Every key under ``prefix``, a page (up to 1,000) at a time, in key order."""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            elif start_after:
                 kwargs["StartAfter"] = start_after
-            page = self._s3.list_objects_v2(**kwargs)
-        except ClientError as exc:
-            raise StorageError(f"list {prefix}: {exc}") from exc
-        return [item["Key"] for item in page.get("Contents", [])]
+            page: dict[str, Any] = self._call("listing", functools.partial(self._list_page, kwargs))
+            yield [item["Key"] for item in page.get("Contents", [])]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def _list_page(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        page: dict[str, Any] = self._s3.list_objects_v2(**kwargs)
+        return page
+
+    def _list(self, prefix: str, start_after: str = "", limit: int | None = None) -> list[str]:
+        keys: list[str] = []
+        for page in self._pages(prefix, start_after):
+            keys += page
+            if limit is not None and len(keys) >= limit:
+                return keys[:limit]
+        return keys
 
     def ensure_bucket(self) -> None:
         try:
             self._s3.head_bucket(Bucket=self._bucket)
+            return
         except ClientError:
-            try:
-                self._s3.create_bucket(Bucket=self._bucket)
-            except ClientError as exc:
-                raise StorageError(f"bucket {self._bucket}: {exc}") from exc
+            pass
+        except BotoCoreError as exc:
+            raise StorageError(f"object storage is unreachable ({type(exc).__name__})") from exc
+        try:
+            self._s3.create_bucket(Bucket=self._bucket)
+        except ClientError as exc:
+            if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                log.warning("object storage: creating the bucket failed: %s", exc)
+                raise StorageError(f"object storage refused the bucket ({_code(exc)})") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"object storage is unreachable ({type(exc).__name__})") from exc
 
     # -- jobs -------------------------------------------------------------------------------
 
     def _index_key(self, job: Job) -> str:
-        inverted = _INVERT - job.created_at * 1000
-        return f"{self._prefix}index/{job.owner}/{inverted:013d}_{job.id}"
+        inverted = _INVERT - int(job.created_at_ms)
+        return f"{self._prefix}index/{job.owner}/{inverted:015d}_{job.id}"
+
+    def _pending_key(self, owner: str, job_id: str) -> str:
+        return f"{self._prefix}pending/{owner}/{job_id}"
 
     def create(self, job: Job, spec: JobCreate) -> None:
         self._put(self._key(job.id, "spec.json"), spec.model_dump_json().encode())
         self.put_status(job)
+        self._put(self._pending_key(job.owner, job.id), str(job.created_at).encode())
         self._put(self._index_key(job), b"")
 
     def delete(self, job: Job) -> None:
-        """Undo :meth:`create` (the job was never enqueued)."""
+        """Undo :meth:`create` (the job was never enqueued); best effort."""
         for key in (
-            self._key(job.id, "spec.json"),
-            self._key(job.id, "status.json"),
             self._index_key(job),
+            self._pending_key(job.owner, job.id),
+            self._key(job.id, "status.json"),
+            self._key(job.id, "spec.json"),
         ):
-            with contextlib.suppress(ClientError):
-                self._s3.delete_object(Bucket=self._bucket, Key=key)
+            with contextlib.suppress(StorageError):
+                self._delete(key)
 
     def put_status(self, job: Job) -> None:
         self._put(
@@ -138,24 +244,14 @@ class JobStore:
 
     def finalize(self, job: Job) -> bool:
         """Write the terminal record once. False when another writer got there first."""
-        try:
-            self._s3.put_object(
-                Bucket=self._bucket,
-                Key=self._key(job.id, "result.json"),
-                Body=job.model_dump_json().encode(),
-                IfNoneMatch="*",
-                ContentType="application/json",
-            )
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (
-                409,
-                412,
-            ):
-                return False
-            raise StorageError(f"finalize {job.id}: {exc}") from exc
+        body = job.model_dump_json().encode()
+        if not self._put_once(
+            self._key(job.id, "result.json"), body, ContentType="application/json"
+        ):
+            return False
         self.put_status(job)
+        with contextlib.suppress(StorageError):
+            self._delete(self._pending_key(job.owner, job.id))
         return True
 
     def list_jobs(self, owner: str, after: str | None, limit: int) -> tuple[list[Job], bool]:
@@ -171,7 +267,56 @@ class JobStore:
         jobs = [job for job_id in ids if (job := self.get(job_id))]
         return jobs, len(keys) > limit
 
-    # -- cancellation, events, artifacts ----------------------------------------------------
+    def outstanding(self, owner: str, limit: int) -> int:
+        """How many of ``owner``'s jobs are unfinished (counting up to ``limit``)."""
+        return len(self._list(f"{self._prefix}pending/{owner}/", limit=limit))
+
+    def pending(self) -> Iterator[tuple[str, str]]:
+        """(owner, job id) of every unfinished job."""
+        root = f"{self._prefix}pending/"
+        for page in self._pages(root):
+            for key in page:
+                owner, _, job_id = key.removeprefix(root).rpartition("/")
+                yield owner, job_id
+
+    # -- idempotency, deliveries, cancellation ----------------------------------------------
+
+    def claim_idempotency(self, owner: str, digest: str, job_id: str) -> str:
+        """Bind a client's idempotency key to ``job_id``; the job it names if already bound."""
+        key = f"{self._prefix}idempotency/{owner}/{digest}"
+        if self._put_once(key, job_id.encode()):
+            return job_id
+        raw = self._get(key)
+        return raw.decode() if raw else job_id
+
+    def release_idempotency(self, owner: str, digest: str) -> None:
+        with contextlib.suppress(StorageError):
+            self._delete(f"{self._prefix}idempotency/{owner}/{digest}")
+
+    def record_delivery(self, job_id: str) -> int:
+        """Count one more pickup of the job, whichever worker it is; returns its number."""
+        prefix = self._key(job_id, "deliveries/")
+        number = len(self._list(prefix)) + 1
+        while not self._put_once(f"{prefix}{number:04d}", str(time.time()).encode()):
+            number += 1
+        return number
+
+    def forget_delivery(self, job_id: str, number: int) -> None:
+        """A pickup handed back on purpose (a draining worker) does not count."""
+        with contextlib.suppress(StorageError):
+            self._delete(self._key(job_id, f"deliveries/{number:04d}"))
+
+    def mark_resent(self, job_id: str) -> bool:
+        """Claim the one re-send a job may get (False: someone already re-sent it)."""
+        return self._put_once(self._key(job_id, "resent"), str(time.time()).encode())
+
+    def resent_at(self, job_id: str) -> float | None:
+        raw = self._get(self._key(job_id, "resent"))
+        return float(raw) if raw else None
+
+    def drop_pending(self, owner: str, job_id: str) -> None:
+        with contextlib.suppress(StorageError):
+            self._delete(self._pending_key(owner, job_id))
 
     def request_cancel(self, job_id: str) -> None:
         self._put(self._key(job_id, "cancel"), b"")
@@ -179,9 +324,18 @@ class JobStore:
     def cancel_requested(self, job_id: str) -> bool:
         return self._get(self._key(job_id, "cancel")) is not None
 
-    def append_event(self, job_id: str, sequence: int, event: dict[str, Any]) -> None:
-        body = json.dumps({**event, "sequence_number": sequence}).encode()
-        self._put(self._key(job_id, f"events/{sequence:08d}.json"), body)
+    # -- events -----------------------------------------------------------------------------
+
+    def append_event(self, job_id: str, event: dict[str, Any], after: int = 0) -> int:
+        """Add an event after the last one; returns its sequence number. Each number is
+        written once, so a second writer moves to the next number instead of overwriting."""
+        sequence = max(after, 0) + 1
+        for _ in range(1000):
+            body = json.dumps({**event, "sequence_number": sequence}).encode()
+            if self._put_once(self._key(job_id, f"events/{sequence:08d}.json"), body):
+                return sequence
+            sequence = self.last_sequence(job_id) + 1
+        raise StorageError("object storage: could not append an event")
 
     def last_sequence(self, job_id: str) -> int:
         keys = self._list(self._key(job_id, "events/"))
@@ -196,11 +350,14 @@ class JobStore:
             if (raw := self._get(key)) is not None
         ]
 
+    # -- artifacts and uploads --------------------------------------------------------------
+
     def put_artifact(self, job_id: str, name: str, body: bytes) -> None:
         self._put(self._key(job_id, ARTIFACTS[name]), body)
 
     def artifact_urls(self, job_id: str) -> dict[str, str]:
-        present = set(self._list(self._key(job_id, "")))
+        present = set(self._list(self._key(job_id, "artifacts/")))
+        present |= set(self._list(self._key(job_id, "result.json")))
         urls = {}
         for name, rel in ARTIFACTS.items():
             key = self._key(job_id, rel)
@@ -212,10 +369,15 @@ class JobStore:
                 )
         return urls
 
-    def read_object(self, url: str) -> bytes:
-        """Read ``s3://bucket/key`` (a starting workspace)."""
-        bucket, _, key = url.removeprefix("s3://").partition("/")
-        try:
-            return bytes(self._s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except ClientError as exc:
-            raise StorageError(f"read {url}: {exc}") from exc
+    def _upload_key(self, owner: str, upload_id: str) -> str:
+        return f"{self._prefix}uploads/{owner}/{upload_id}.tar"
+
+    def put_upload(self, owner: str, upload_id: str, body: bytes) -> None:
+        self._put(self._upload_key(owner, upload_id), body)
+
+    def has_upload(self, owner: str, upload_id: str) -> bool:
+        return bool(self._list(self._upload_key(owner, upload_id), limit=1))
+
+    def read_upload(self, owner: str, upload_id: str) -> bytes | None:
+        """A starting workspace: only ever one the job's own owner uploaded."""
+        return self._get(self._upload_key(owner, upload_id))

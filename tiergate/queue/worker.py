@@ -6,10 +6,21 @@ redelivered, never lost). kafka-python heartbeats from a thread, so a long job k
 membership; ``max_poll_interval_ms`` is sized to the longest job. SIGTERM stops taking new
 jobs and waits up to ``drain_seconds`` for running ones; a job still running then is
 abandoned without commit and will run again elsewhere.
+
+A message is never retried in place forever: when the job store or the broker is down the
+slot waits and tries the same message again (nothing else could run either); any other
+failure ends the job ``failed`` inside the runner, or, if even that fails, sends the
+message to the dead-letter topic and moves on.
+
+The worker refuses to start when the sandbox's memory, CPU and process limits cannot be
+applied (see :func:`tiergate.sandbox.probe_limits`), unless the operator set
+``jobs.sandbox.allow_unlimited``. It serves ``/metrics`` and ``/healthz`` (which fails when
+a consumer, forwarder or sweeper thread died) on ``jobs.worker.metrics_port``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -17,14 +28,20 @@ import time
 from collections.abc import Callable
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from tiergate.queue.agent import ModelClient
-from tiergate.queue.pipeline import JobQueue
+from tiergate.queue.lag import LagUnavailable, measure_lag
+from tiergate.queue.observe import Liveness, WorkerMetrics
+from tiergate.queue.observe_http import WorkerHTTP
+from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.runner import JobRunner
 from tiergate.queue.schema import JobMessage
-from tiergate.queue.store import JobStore
+from tiergate.queue.store import JobStore, StorageError
+from tiergate.queue.sweep import sweep
+from tiergate.sandbox import probe_limits
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
@@ -39,6 +56,7 @@ class Worker:
         settings: JobsSettings,
         *,
         model_client: Callable[[JobMessage], ModelClient] | None = None,
+        serve_http: bool = False,
     ) -> None:
         self._settings = settings
         self._store = JobStore(settings.storage)
@@ -47,6 +65,19 @@ class Worker:
         self._stopping = threading.Event()
         self._runners: list[JobRunner] = []
         self._threads: list[threading.Thread] = []
+        self.metrics = WorkerMetrics()
+        self.liveness = Liveness(stale_after=settings.worker.heartbeat_stale_seconds)
+        self.http = (
+            WorkerHTTP(
+                self.metrics,
+                self.liveness,
+                settings.worker.metrics_host,
+                settings.worker.metrics_port,
+            )
+            if serve_http
+            else None
+        )
+        self.limits = ""
         self.processed: list[tuple[str, str]] = []  # (job id, outcome), for tests and logs
 
     def _consumer(self, topic: str, group: str) -> KafkaConsumer:
@@ -65,25 +96,46 @@ class Worker:
         )
 
     def start(self) -> None:
+        # Refuses (LimitsUnavailable) before anything runs, unless limits are waived.
+        self.limits = probe_limits(self._settings.sandbox)
+        log.info("sandbox limits: %s", self.limits)
         self._store.ensure_bucket()
         self._queue.ensure_topics()
         for index in range(self._settings.worker.concurrency):
-            runner = JobRunner(self._settings, self._store, self._queue, self._model_client)
-            self._runners.append(runner)
-            thread = threading.Thread(
-                target=self._slot, args=(runner,), name=f"job-slot-{index}", daemon=True
+            runner = JobRunner(
+                self._settings,
+                self._store,
+                self._queue,
+                self._model_client,
+                on_finished=self._finished,
             )
-            self._threads.append(thread)
-        self._threads.append(
-            threading.Thread(target=self._forward_retries, name="retries", daemon=True)
-        )
+            self._runners.append(runner)
+            self._thread(f"job-slot-{index}", self._slot, runner)
+        self._thread("retry-forwarder", self._forward_retries)
+        self._thread("sweeper", self._sweep)
+        if self.http is not None:
+            self.http.start()
         for thread in self._threads:
             thread.start()
+
+    def _thread(self, name: str, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        self.liveness.register(name, thread)
+
+    def _finished(self, status: str, reason: str) -> None:
+        self.metrics.finished(status, reason)
+        if status == "failed" and reason != "ok":
+            self.metrics.dead_lettered()
+
+    def healthy(self) -> bool:
+        return self.liveness.healthy()[0]
 
     def stop(self, drain_seconds: float | None = None) -> None:
         """Stop taking jobs; wait for running ones up to the drain, then abandon them."""
         drain = self._settings.worker.drain_seconds if drain_seconds is None else drain_seconds
         self._stopping.set()
+        self.liveness.stopping()
         deadline = time.monotonic() + drain
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -92,6 +144,8 @@ class Worker:
         for thread in self._threads:
             thread.join(10)
         self._queue.close()
+        if self.http is not None:
+            self.http.stop()
 
     def run_forever(self) -> None:
         """The ``tiergate worker`` command: run until SIGTERM or SIGINT, then drain."""
@@ -107,9 +161,10 @@ class Worker:
         signal.signal(signal.SIGINT, _signal)
         self.start()
         log.info(
-            "worker started: %d job slots on %s",
+            "worker started: %d job slots on %s; metrics and health on port %s",
             self._settings.worker.concurrency,
             self._settings.kafka.topic,
+            self.http.port if self.http else "-",
         )
         done.wait()
         self.stop()
@@ -118,15 +173,21 @@ class Worker:
 
     def _slot(self, runner: JobRunner) -> None:
         kafka = self._settings.kafka
+        name = threading.current_thread().name
         consumer = self._consumer(kafka.topic, kafka.group)
         try:
             while not self._stopping.is_set():
+                self.liveness.beat(name)
                 batches = consumer.poll(timeout_ms=500, max_records=1)
                 for tp, records in batches.items():
                     for record in records:
-                        self._handle(consumer, runner, tp, record.offset, record.value)
+                        with self.liveness.busy(name), self.metrics.running():
+                            self._handle(consumer, runner, tp, record.offset, record.value)
         finally:
             consumer.close(autocommit=False)
+
+    def _commit(self, consumer: KafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1)})
 
     def _handle(
         self,
@@ -140,39 +201,77 @@ class Worker:
             message = JobMessage.model_validate_json(value)
         except ValidationError as exc:
             log.error("unreadable job message at %s:%d dropped: %s", tp, offset, exc)
-            consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1)})
+            self._commit(consumer, tp, offset)
             return
         try:
             outcome = runner.process(message)
-        except Exception:
-            log.exception("job %s: could not store its outcome; it will run again", message.id)
-            time.sleep(min(30.0, self._settings.worker.retry_backoff_seconds))
+        except (StorageError, QueueUnavailable) as exc:
+            # The store or the broker is down: no job could finish now. Wait, then take
+            # the same message again (its pickup count keeps a crashing job bounded).
+            log.warning("job %s: storage or broker unavailable (%s); retrying it", message.id, exc)
+            self._stopping.wait(max(0.5, self._settings.worker.retry_backoff_seconds))
             consumer.seek(tp, offset)
             return
+        except Exception:
+            log.exception("job %s: processing failed unexpectedly; dead-lettered", message.id)
+            with contextlib.suppress(QueueUnavailable):
+                self._queue.dead_letter(message)
+            self.metrics.dead_lettered()
+            outcome = "dead"
         self.processed.append((message.id, outcome))
+        if outcome == "retry":
+            self.metrics.retried()
         if outcome == "abandoned":
             return  # not committed: another worker runs it after this one leaves the group
-        consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1)})
+        self._commit(consumer, tp, offset)
         log.info("job %s: %s", message.id, outcome)
 
     def _forward_retries(self) -> None:
         """Move retry-topic messages back to the jobs topic when they are due."""
         kafka = self._settings.kafka
+        name = threading.current_thread().name
         consumer = self._consumer(kafka.retry_topic, f"{kafka.group}-retry")
         try:
             while not self._stopping.is_set():
+                self.liveness.beat(name)
                 for tp, records in consumer.poll(timeout_ms=500, max_records=1).items():
                     for record in records:
                         try:
                             message = JobMessage.model_validate_json(record.value)
                         except ValidationError:
-                            consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
+                            self._commit(consumer, tp, record.offset)
                             continue
                         wait = message.not_before - time.time()
-                        if wait > 0 and self._stopping.wait(wait):
+                        with self.liveness.busy(name):
+                            if wait > 0 and self._stopping.wait(wait):
+                                consumer.seek(tp, record.offset)
+                                return
+                        try:
+                            self._queue.enqueue(message)
+                        except QueueUnavailable as exc:
+                            log.warning("retry of %s not forwarded yet: %s", message.id, exc)
                             consumer.seek(tp, record.offset)
-                            return
-                        self._queue.enqueue(message)
-                        consumer.commit({tp: OffsetAndMetadata(record.offset + 1, "", -1)})
+                            self._stopping.wait(1.0)
+                            continue
+                        self._commit(consumer, tp, record.offset)
         finally:
             consumer.close(autocommit=False)
+
+    def _sweep(self) -> None:
+        """Queue lag for the metrics every 15 s; the lost-message sweep every minute."""
+        kafka = self._settings.kafka
+        name = threading.current_thread().name
+        every = min(60.0, self._settings.requeue_after_seconds / 4)
+        last_sweep = 0.0
+        while not self._stopping.wait(0 if last_sweep == 0 else 15.0):
+            self.liveness.beat(name)
+            with contextlib.suppress(LagUnavailable):
+                lags = measure_lag(kafka.bootstrap_servers, kafka.group, kafka.topic, 5.0)
+                self.metrics.set_lags(kafka.topic, lags)
+            self.metrics.observe_liveness(self.liveness)
+            if time.monotonic() - last_sweep >= every:
+                last_sweep = time.monotonic()
+                try:
+                    sweep(self._store, self._queue, self._settings.requeue_after_seconds)
+                except (StorageError, QueueUnavailable, KafkaError) as exc:
+                    log.warning("sweep skipped: %s", exc)

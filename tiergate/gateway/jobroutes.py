@@ -1,0 +1,87 @@
+"""The ``/v1/jobs`` routes; they answer 404 ``jobs_disabled`` when jobs are off."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from tiergate.gateway import openapi
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs import JobsAPI
+from tiergate.queue.schema import JobCreate
+
+
+def register_job_routes(app: FastAPI) -> None:
+    def api(request: Request) -> JobsAPI:
+        jobs: JobsAPI | None = request.app.state.gateway.jobs
+        if jobs is None:
+            raise OpenAIError(
+                404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
+            )
+        return jobs
+
+    errors = openapi.error_responses("400", "401", "403", "404", "429", "503")
+
+    @app.post(
+        "/v1/jobs",
+        tags=["jobs"],
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": JobCreate.model_json_schema()}},
+            },
+            "parameters": [
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string", "maxLength": 255},
+                    "description": "A retry with the same key and body returns the same job.",
+                }
+            ],
+        },
+    )
+    async def create_job(request: Request) -> Response:
+        """Submit an agent job; answers once the broker has acknowledged it."""
+        return await api(request).create(request)
+
+    @app.post(
+        "/v1/jobs/workspaces",
+        tags=["jobs"],
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-tar": {"schema": {"type": "string", "format": "binary"}}
+                },
+            }
+        },
+    )
+    async def upload_workspace(request: Request) -> Response:
+        """Upload a starting workspace (tar, optionally gzip'd); use its id as
+        ``workspace.upload_id``. Only this key's jobs can use it."""
+        return await api(request).upload(request)
+
+    @app.get("/v1/jobs", tags=["jobs"], responses=errors)
+    async def list_jobs(request: Request, after: str | None = None, limit: int = 20) -> Response:
+        if not 1 <= limit <= 100:
+            raise OpenAIError(400, "limit must be between 1 and 100.", param="limit")
+        return await api(request).listing(request, after, limit)
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors)
+    async def get_job(request: Request, job_id: str) -> Response:
+        return await api(request).get(request, job_id)
+
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses=errors)
+    async def cancel_job(request: Request, job_id: str) -> Response:
+        """Idempotent; a cancelled job stays cancelled."""
+        return await api(request).cancel(request, job_id)
+
+    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], responses=errors)
+    async def job_events(request: Request, job_id: str, starting_after: int = 0) -> Response:
+        """Server-Sent Events of status changes and steps, each with a sequence_number."""
+        if starting_after < 0:
+            raise OpenAIError(400, "starting_after must be 0 or more.", param="starting_after")
+        return await api(request).events(request, job_id, starting_after)

@@ -1,0 +1,130 @@
+"""Agent jobs in the one-command stack: the durable object store and broker, and one
+worker process, started beside the tiers and stopped with them.
+
+The gateway and the worker get the same ``jobs`` settings: the worker as the
+``TIERGATE_JOBS`` environment variable (JSON), which pydantic-settings reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from tiergate.local.servers import (
+    LOCAL_CREDENTIALS,
+    ObjectStore,
+    Server,
+    ServerFailed,
+    broker,
+    ensure_bucket,
+    object_store,
+    port_open,
+)
+from tiergate.settings import JobsSettings, Settings, default_cache_dir
+
+S3_PORT = 9000
+BROKER_PORT = 9092
+WORKER_HEALTH_PORT = 9400
+
+
+def local_jobs_settings(settings: Settings) -> JobsSettings:
+    """Jobs on, against the local servers, with the gateway this stack serves."""
+    jobs = settings.jobs.model_copy(deep=True)
+    jobs.enabled = True
+    jobs.gateway_url = f"http://127.0.0.1:{settings.gateway.port}"
+    jobs.storage.endpoint_url = f"http://127.0.0.1:{S3_PORT}"
+    jobs.kafka.bootstrap_servers = f"127.0.0.1:{BROKER_PORT}"
+    jobs.worker.metrics_host = "127.0.0.1"
+    jobs.worker.metrics_port = WORKER_HEALTH_PORT
+    # Ctrl-C should not wait a minute: a job still running is picked up again next time.
+    jobs.worker.drain_seconds = min(jobs.worker.drain_seconds, 10.0)
+    if os.geteuid() != 0:
+        # /var/lib is root's; the sandbox's work directory moves to the user's cache.
+        jobs.sandbox.work_dir = str(default_cache_dir() / "sandboxes")
+    return jobs
+
+
+def _start_or_reuse(server: Server, say: Callable[[str], None]) -> bool:
+    """Start ``server`` unless something already answers on its port (a stack started
+    earlier); True when this call started it."""
+    if port_open(server.port):
+        say(f"{server.name} already running on {server.address}; reusing it")
+        return False
+    say(f"starting the {server.name} on {server.address} (log: {server.log})")
+    server.start()
+    return True
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{WORKER_HEALTH_PORT}/healthz"
+    while True:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise ServerFailed("the job worker exited:\n  " + "\n  ".join(tail))
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise ServerFailed(f"the job worker is not healthy after {timeout:.0f}s; see {log}")
+        time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def local_jobs(
+    settings: Settings, log_dir: Path, say: Callable[[str], None]
+) -> Iterator[JobsSettings]:
+    """Run the object store, the broker and a worker for the block; yields the jobs
+    settings for the gateway."""
+    for key, value in LOCAL_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    jobs = local_jobs_settings(settings)
+    data = default_cache_dir() / "pipeline"
+    store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", S3_PORT)
+    kafka = broker(BROKER_PORT, store.url, log_dir / "tansu.log")
+    started: list[Server] = []
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        if _start_or_reuse(store, say):
+            started.append(store)
+        from tiergate.local.servers import BROKER_BUCKET
+
+        ensure_bucket(store.url, BROKER_BUCKET)
+        ensure_bucket(store.url, jobs.storage.bucket)
+        if _start_or_reuse(kafka, say):
+            started.append(kafka)
+        log = log_dir / "worker.log"
+        say(f"starting a job worker ({jobs.worker.concurrency} slots; log: {log})")
+        env = {**os.environ, "TIERGATE_JOBS": jobs.model_dump_json()}
+        with log.open("ab") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "tiergate", "worker"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _wait_healthy(worker, log)
+        say(
+            f"jobs: object store {store.url} (data: {data}), broker {kafka.address}, "
+            f"worker health http://127.0.0.1:{WORKER_HEALTH_PORT}/healthz"
+        )
+        yield jobs
+    finally:
+        if worker is not None and worker.poll() is None:
+            say("stopping the job worker")
+            worker.terminate()
+            try:
+                worker.wait(jobs.worker.drain_seconds + 15)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        for server in reversed(started):
+            say(f"stopping the {server.name}")
+            server.stop()

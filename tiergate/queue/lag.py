@@ -1,0 +1,75 @@
+"""A consumer group's lag on a topic: the log end offset minus the committed offset, per
+partition (a partition the group never committed on lags by its whole log).
+
+The log end is the larger of the broker's ListOffsets answer and the high watermark of a
+fetch from there: Tansu 0.6's S3 storage engine (the broker of ``tiergate up`` and the job
+tests) answers ListOffsets(latest) with a stale offset, while its fetches carry the right
+high watermark. On Kafka itself the fetch starts at the end and returns no records.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+
+class LagUnavailable(Exception):
+    """The lag could not be measured; the message says why (for the caller's log)."""
+
+
+def measure_lag(
+    bootstrap_servers: str, group: str, topic: str, timeout_s: float = 5.0
+) -> dict[int, int]:
+    """``{partition: messages waiting}`` for ``group`` on ``topic``.
+
+    The consumer assigns partitions itself and never subscribes, so it does not join the
+    group (no rebalance of the workers) and commits nothing. Raises :class:`LagUnavailable`.
+    """
+    deadline = time.monotonic() + timeout_s
+    timeout_ms = max(1, int(timeout_s * 1000))
+    try:
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+            # At most one record batch per partition comes back (KIP-74).
+            max_partition_fetch_bytes=1,
+            fetch_max_bytes=1,
+            fetch_max_wait_ms=10,
+        )
+    except (KafkaError, TimeoutError) as exc:
+        raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))
+        ]
+        if not partitions:
+            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
+        ends = consumer.end_offsets(partitions, timeout_ms=timeout_ms)
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek(tp, ends[tp])
+        while any(consumer.highwater(tp) is None for tp in partitions):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise LagUnavailable(f"no fetch answer from {topic!r} in {timeout_s:g}s")
+            consumer.poll(timeout_ms=min(100, left_ms), update_offsets=False)
+        lags: dict[int, int] = {}
+        for tp in partitions:
+            end = max(ends[tp], consumer.highwater(tp) or 0)
+            committed = consumer.committed(tp, timeout_ms=timeout_ms)
+            lags[tp.partition] = max(0, end - (committed or 0))
+        return lags
+    except LagUnavailable:
+        raise
+    except (KafkaError, KeyError, TimeoutError) as exc:
+        raise LagUnavailable(
+            f"lag of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        consumer.close(autocommit=False)

@@ -1,0 +1,157 @@
+"""The one owner of a job's lifecycle: every state change and every event of a job goes
+through here, from the gateway (create, cancel) and from the worker (start, step, retry,
+finish) alike.
+
+Rules it keeps:
+- a job's terminal record (``result.json``) is written once; the first writer wins and
+  every later attempt to end the job is a no-op that returns the winner;
+- every event gets the next free sequence number, each written once (If-None-Match), so
+  two writers (a gateway cancelling while a worker steps) never overwrite each other;
+- a terminal event follows a terminal record; a job whose writer died between the two gets
+  it from :meth:`ensure_terminal_event` on its next delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
+from tiergate.queue.store import JobStore
+
+log = logging.getLogger("tiergate.jobs")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class JobLifecycle:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._sequence: dict[str, int] = {}  # the last event number this process wrote
+
+    def _emit(self, job_id: str, kind: str, **data: Any) -> None:
+        event = {"type": kind, "created_at": int(time.time()), **data}
+        hint = self._sequence.get(job_id)
+        if hint is None:
+            hint = self._store.last_sequence(job_id)
+        self._sequence[job_id] = self._store.append_event(job_id, event, after=hint)
+
+    def forget(self, job_id: str) -> None:
+        self._sequence.pop(job_id, None)
+
+    # -- the gateway's side -----------------------------------------------------------------
+
+    def new_job(self, job_id: str, owner: str, spec: JobCreate) -> Job:
+        now = _now_ms()
+        return Job(
+            id=job_id,
+            owner=owner,
+            status=JobStatus.QUEUED,
+            model=spec.model,
+            service_tier=spec.service_tier,
+            created_at=now // 1000,
+            created_ms=now,
+            metadata=spec.metadata,
+        )
+
+    def create(self, job: Job, spec: JobCreate) -> None:
+        """Record an accepted job (before its message is produced)."""
+        self._store.create(job, spec)
+        self._emit(job.id, "job.queued", status="queued")
+
+    def discard(self, job: Job) -> None:
+        """The job's message never reached the broker: it was never accepted."""
+        self._store.delete(job)
+        self.forget(job.id)
+
+    def cancel(self, job: Job) -> Job:
+        """Ask a job to stop. A queued job ends now; a running one when its worker sees the
+        request (within ``cancel_poll_seconds``). Idempotent; a finished job is returned
+        as it is."""
+        if job.status.terminal:
+            return job
+        self._store.request_cancel(job.id)
+        if job.status is JobStatus.QUEUED:
+            return self.finish(job, JobStatus.CANCELLED)
+        job.cancel_requested_at = int(time.time())
+        self._store.put_status(job)
+        return self._store.get(job.id) or job
+
+    # -- the worker's side ------------------------------------------------------------------
+
+    def start(self, message: JobMessage, deliveries: int) -> Job:
+        job = self._store.get(message.id) or self.new_job(message.id, message.owner, message.spec)
+        job.status = JobStatus.IN_PROGRESS
+        job.started_at = int(time.time())
+        job.attempts = deliveries
+        job.error = None
+        self._store.put_status(job)
+        self._emit(job.id, "job.in_progress", status=job.status.value, attempt=deliveries)
+        return job
+
+    def step(self, job: Job, entry: dict[str, Any]) -> None:
+        job.steps = entry["step"]
+        self._store.put_status(job)
+        self._emit(
+            job.id,
+            "job.step",
+            step=entry["step"],
+            command=entry["command"],
+            exit_code=entry["exit_code"],
+            output=entry["output"],
+        )
+
+    def verified(self, job: Job, result: JobResult) -> None:
+        job.result = result
+        self._emit(
+            job.id, "job.verified", exit_code=result.verifier_exit_code, reward=result.reward
+        )
+
+    def retrying(self, job: Job, attempt: int, delay: float, error: str) -> None:
+        job.status = JobStatus.QUEUED
+        job.error = {"code": "retrying", "message": error}
+        self._store.put_status(job)
+        self._emit(job.id, "job.retrying", attempt=attempt, delay_seconds=delay, error=error)
+
+    def finish(
+        self,
+        job: Job,
+        status: JobStatus,
+        *,
+        error: dict[str, Any] | None = None,
+        incomplete: str | None = None,
+    ) -> Job:
+        """End the job once; returns the job as finally recorded (another writer's, if it
+        got there first)."""
+        job.status = status
+        job.completed_at = int(time.time())
+        if error is not None:
+            job.error = error
+        if incomplete is not None:
+            job.incomplete_details = {"reason": incomplete}
+        if not self._store.finalize(job):
+            log.info("job %s: already finished by another writer", job.id)
+            return self._store.final(job.id) or job
+        self._emit(
+            job.id,
+            f"job.{status.value}",
+            status=status.value,
+            job=job.model_dump(mode="json", exclude={"owner", "created_ms"}),
+        )
+        self.forget(job.id)
+        return job
+
+    def ensure_terminal_event(self, final: Job) -> None:
+        kind = f"job.{final.status.value}"
+        if any(e["type"] == kind for e in self._store.events(final.id, 0)):
+            return
+        self._emit(
+            final.id,
+            kind,
+            status=final.status.value,
+            job=final.model_dump(mode="json", exclude={"owner", "created_ms"}),
+        )
+        self.forget(final.id)

@@ -1,0 +1,76 @@
+"""The command line a job's command runs under: rlimits (prlimit), then, as root, a drop to
+the unprivileged sandbox user (setpriv), then bubblewrap with no network, a private
+``/tmp``, read-only ``/usr`` and the workspace at ``/workspace``.
+
+Bubblewrap runs unprivileged (user namespaces) either way, as it does in a pod, so a
+root worker's sandbox is no stronger than a non-root one's and a bug in it gives no root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiergate.queue.schema import JobLimits
+from tiergate.settings import SandboxSettings
+
+# Run by /bin/sh before the sandbox: waits until the worker has put this shell into the
+# job's cgroup (and says "run"), so that not one instruction runs outside the limits.
+GATE = 'IFS= read -r go && [ "$go" = run ] && exec "$@" </dev/null; exit 125'
+
+
+def bwrap_argv(workspace: Path, command: str) -> list[str]:
+    argv = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
+        if Path(f"/{name}").is_symlink():
+            argv += ["--symlink", f"usr/{name}", f"/{name}"]
+        elif Path(f"/{name}").is_dir():
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
+    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
+    argv += ["--setenv", "HOME", "/workspace", "--setenv", "LANG", "C.UTF-8"]
+    return [*argv, "--cap-drop", "ALL", "--", "/bin/sh", "-c", command]
+
+
+def command_argv(
+    workspace: Path,
+    command: str,
+    limits: JobLimits,
+    settings: SandboxSettings,
+    cpu_seconds: int,
+    as_root: bool,
+    gated: bool,
+) -> list[str]:
+    """The whole command line; ``gated`` puts :data:`GATE` in front (stdin must be a pipe)."""
+    argv = bwrap_argv(workspace, command)
+    if as_root:
+        argv = [
+            "setpriv",
+            f"--reuid={settings.uid}",
+            f"--regid={settings.gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+            *argv,
+        ]
+    rlimits = [
+        "prlimit",
+        f"--fsize={limits.disk_mb * 1024 * 1024}",
+        "--nofile=1024",
+        f"--cpu={cpu_seconds}",
+        "--core=0",
+    ]
+    if as_root:
+        rlimits.append("--nproc=512")  # counts the sandbox uid's processes, all jobs'
+    argv = [*rlimits, "--", *argv]
+    return ["/bin/sh", "-c", GATE, "sandbox", *argv] if gated else argv

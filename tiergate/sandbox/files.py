@@ -1,0 +1,72 @@
+"""The workspace's files: what goes in (inline files, a tar archive), what comes out, and
+its size. Whatever a job's spec or archive gets wrong is a :class:`SandboxError` (the job
+fails with a reason), never an ``OSError`` or a ``tarfile`` error from deep inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import lzma
+import os
+import tarfile
+import zlib
+from pathlib import Path
+
+from tiergate.sandbox.errors import SandboxError
+
+_BAD_ARCHIVE = (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError)
+
+
+def write_files(workspace: Path, files: dict[str, str]) -> None:
+    top = workspace.resolve()
+    for rel, content in files.items():
+        if not rel or "\0" in rel:
+            raise SandboxError(f"{rel!r} is not a usable file name")
+        try:
+            target = (workspace / rel).resolve()
+            if not target.is_relative_to(top) or target == top:
+                raise SandboxError(f"{rel!r} is outside the workspace")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        except (OSError, ValueError) as exc:
+            # e.g. both "a" and "a/b" given: one of them cannot be made
+            raise SandboxError(f"cannot write {rel!r} in the workspace: {exc}") from exc
+
+
+def extract(workspace: Path, archive: bytes, max_bytes: int) -> None:
+    """Unpack a tar archive (any compression) after checking its unpacked size.
+
+    The check reads only headers, so an archive that would fill the disk is refused before
+    a byte is written; ``filter="data"`` refuses links and paths out of the workspace.
+    """
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            total = 0
+            for member in tar:
+                total += member.size if member.isreg() else 0
+                if total > max_bytes:
+                    raise SandboxError(
+                        f"the workspace archive unpacks to more than {max_bytes} bytes "
+                        "(the job's disk limit)"
+                    )
+            tar.extractall(workspace, filter="data")
+    except _BAD_ARCHIVE as exc:
+        raise SandboxError(f"the workspace archive cannot be unpacked: {exc}") from exc
+
+
+def archive(workspace: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(workspace, arcname="workspace")
+    return buffer.getvalue()
+
+
+def workspace_bytes(workspace: Path) -> int:
+    """The files' apparent sizes (symbolic links not followed, hard links counted each)."""
+    total = 0
+    for dirpath, _dirs, names in os.walk(workspace):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
