@@ -100,7 +100,11 @@ def jobs_stack(
     port = free_port()
     worker = overrides.pop("worker", {})
     tree = jobs_tree(broker, s3, f"http://127.0.0.1:{port}", tmp_path, **worker)
-    tree.update(overrides.pop("jobs", {}))
+    for key, value in overrides.pop("jobs", {}).items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            tree[key] = {**tree[key], **value}
+        else:
+            tree[key] = value
     standard, fast = model if isinstance(model, tuple) else (model, model)
     urls = [getattr(u, "url", u) for u in (standard, fast)]
     settings = gateway_settings([urls[0]], [urls[1]], jobs=tree, **overrides)

@@ -148,6 +148,14 @@ class JobsAPI:
         except ValidationError as exc:
             raise _invalid(exc) from None
         self._check_spec(caller, spec)
+        upload = spec.workspace.upload_id
+        if upload and not await self._storage(self._store.has_upload, caller.name, upload):
+            raise OpenAIError(
+                400,
+                f"No workspace upload {upload!r} for this key (POST /v1/jobs/workspaces).",
+                param="workspace.upload_id",
+                code="upload_not_found",
+            )
         job_id = f"job_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, job_id)
         cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (

@@ -9,6 +9,7 @@ import contextlib
 import io
 import lzma
 import os
+import posixpath
 import tarfile
 import zlib
 from pathlib import Path
@@ -50,9 +51,24 @@ def extract(workspace: Path, archive: bytes, max_bytes: int) -> None:
                         f"the workspace archive unpacks to more than {max_bytes} bytes "
                         "(the job's disk limit)"
                     )
-            tar.extractall(workspace, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(workspace, filter="data")
+            else:
+                # Pythons before 3.11.4 (Debian 12's 3.11.2, which an unprivileged worker
+                # may run) have no extraction filters: refuse what "data" would refuse.
+                tar.extractall(workspace, members=[_safe(m) for m in tar.getmembers()])
     except _BAD_ARCHIVE as exc:
         raise SandboxError(f"the workspace archive cannot be unpacked: {exc}") from exc
+
+
+def _safe(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    name = posixpath.normpath(member.name)
+    if name.startswith(("/", "..")) or not (member.isreg() or member.isdir()):
+        raise SandboxError(f"the workspace archive has an unsafe member: {member.name!r}")
+    member.mode = (member.mode | 0o600) & 0o755
+    member.uid = member.gid = 0
+    member.uname = member.gname = ""
+    return member
 
 
 def archive(workspace: Path) -> bytes:

@@ -1,0 +1,77 @@
+"""A worker process as the image's unprivileged user (uid 65534), with a cgroup parent
+delegated to it the way an operator would (chown of the parent under each v1 controller,
+or of a v2 directory), for the tests that must hold as that user."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tiergate.settings import JobsSettings
+
+NOBODY = 65534
+CGROUP = Path("/sys/fs/cgroup")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _controller_dirs(parent: str) -> list[Path]:
+    if (CGROUP / "cgroup.controllers").exists():
+        return [CGROUP / parent]
+    return [CGROUP / c / parent for c in ("memory", "pids", "cpu")]
+
+
+@contextmanager
+def delegated(jobs: JobsSettings) -> Iterator[JobsSettings]:
+    """``jobs`` with a work directory and a cgroup parent owned by uid 65534."""
+    assert os.geteuid() == 0, "delegating a cgroup to the unprivileged user needs root"
+    parent = f"tiergate-delegated-{uuid.uuid4().hex[:8]}"
+    dirs = _controller_dirs(parent)
+    work = Path(tempfile.mkdtemp(prefix="tiergate-unpriv-", dir="/tmp"))
+    os.chown(work, NOBODY, NOBODY)
+    work.chmod(0o755)
+    for path in dirs:
+        path.mkdir()
+        os.chown(path, NOBODY, NOBODY)
+        if path.parent == CGROUP:  # v2: the controllers its children may use
+            (CGROUP / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+            (path / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+    tree = jobs.model_copy(deep=True)
+    tree.sandbox.work_dir = str(work / "jobs")
+    tree.sandbox.cgroup_parent = parent
+    try:
+        yield tree
+    finally:
+        for path in dirs:
+            for child in path.glob("job-*"):
+                child.rmdir()
+            if path.is_dir():
+                path.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def start_worker(jobs: JobsSettings, log: Path) -> subprocess.Popen[bytes]:
+    """``tiergate worker`` as uid 65534, configured by ``TIERGATE_JOBS``."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": jobs.sandbox.work_dir,
+        "TIERGATE_JOBS": jobs.model_dump_json(),
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
+                *(sys.executable, "-m", "tiergate", "worker"),
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
