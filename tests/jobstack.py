@@ -94,7 +94,7 @@ class JobsStack:
 
 @contextmanager
 def jobs_stack(
-    broker: str, s3: str, model: Any, tmp_path: Path, **overrides: Any
+    broker: str, s3: str, model: Any, tmp_path: Path, ensure: bool = True, **overrides: Any
 ) -> Iterator[JobsStack]:
     """``model`` is anything with a ``url`` (FakeVllm), or a (standard, fast) pair of URLs."""
     port = free_port()
@@ -109,8 +109,9 @@ def jobs_stack(
     urls = [getattr(u, "url", u) for u in (standard, fast)]
     settings = gateway_settings([urls[0]], [urls[1]], jobs=tree, **overrides)
 
-    JobStore(settings.jobs.storage).ensure_bucket()
-    JobQueue(settings.jobs.kafka).ensure_topics()
+    if ensure:
+        JobStore(settings.jobs.storage).ensure_bucket()
+        JobQueue(settings.jobs.kafka).ensure_topics()
     with running_gateway(settings, port=port) as base:
         stack = JobsStack(base, settings)
         try:

@@ -201,8 +201,7 @@ def test_list_pages_newest_first(broker: str, s3: str, model: FakeVllm, tmp_path
     with jobs_stack(broker, s3, model, tmp_path) as stack:
         ids = []
         for _ in range(3):
-            ids.append(stack.submit(TASK)["id"])
-            time.sleep(1.05)  # created_at has a resolution of one second
+            ids.append(stack.submit(TASK)["id"])  # within one second: ordered by milliseconds
         page = httpx.get(f"{stack.base}/v1/jobs", params={"limit": 2}).json()
         assert [j["id"] for j in page["data"]] == ids[::-1][:2] and page["has_more"]
         rest = httpx.get(
@@ -275,11 +274,12 @@ def test_job_whose_verifier_fails_completes_with_passed_false(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     model.behaviour.replies = ["```bash\necho 41 > answer.txt\n```", "DONE"]
+    verifier = {"command": 'v=$(cat answer.txt); echo "expected 42, got $v"; test "$v" = 42'}
     with jobs_stack(broker, s3, model, tmp_path) as stack:
-        job = stack.submit(TASK)
+        job = stack.submit({**TASK, "verifier": verifier})
         stack.start_worker()
         final = stack.wait(job["id"], lambda j: j["status"] not in ("queued", "in_progress"))
         assert final["status"] == "completed"
         assert final["result"] == {"passed": False, "reward": None, "verifier_exit_code": 1}
         log = httpx.get(final["artifacts"]["verifier_log"]).text
-        assert log == "" or "41" not in log  # the verifier's own output, not the agent's
+        assert log.strip() == "expected 42, got 41"  # the verifier's own output, whole

@@ -306,9 +306,10 @@ class JobStore:
         with contextlib.suppress(StorageError):
             self._delete(self._key(job_id, f"deliveries/{number:04d}"))
 
-    def mark_resent(self, job_id: str) -> bool:
+    def mark_resent(self, job_id: str, at: float | None = None) -> bool:
         """Claim the one re-send a job may get (False: someone already re-sent it)."""
-        return self._put_once(self._key(job_id, "resent"), str(time.time()).encode())
+        stamp = time.time() if at is None else at
+        return self._put_once(self._key(job_id, "resent"), str(stamp).encode())
 
     def resent_at(self, job_id: str) -> float | None:
         raw = self._get(self._key(job_id, "resent"))

@@ -40,7 +40,7 @@ def sweep(store: JobStore, queue: JobQueue, requeue_after: float, now: float | N
         resent = store.resent_at(job_id)
         if resent is None:
             spec = store.spec(job_id)
-            if spec is None or not store.mark_resent(job_id):
+            if spec is None or not store.mark_resent(job_id, now):
                 continue
             queue.enqueue(JobMessage(id=job_id, owner=owner, spec=spec, resent=True))
             log.warning("job %s was still queued after %.0fs: sent again", job_id, requeue_after)
