@@ -1,5 +1,6 @@
 """Chaos: 50 jobs while worker processes are killed with SIGKILL every few seconds and
-restarted. Every job must end in a final state, with exactly one result; none is lost."""
+restarted, the broker is restarted once and the object store is restarted once. Every job
+must end in a final state, with exactly one result and one terminal event; none is lost."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tiergate.local.servers import ObjectStore, Server
 from tiergate.queue.schema import Job
-from tiergate.queue.store import JobStore
+from tiergate.queue.store import JobStore, StorageError
 
 JOBS = 50
 
@@ -34,8 +36,10 @@ def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def test_no_job_is_lost_while_workers_are_killed(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+    pipeline: tuple[ObjectStore, Server], model: FakeVllm, tmp_path: Path
 ) -> None:
+    store_server, broker_server = pipeline
+    broker, s3 = broker_server.address, store_server.url
     model.behaviour.replies = ["```bash\necho working > out.txt && sleep 0.3\n```"]
     spec = {
         "model": MODEL,
@@ -47,26 +51,38 @@ def test_no_job_is_lost_while_workers_are_killed(
         jobs = stack.jobs.model_dump(mode="json")
         jobs["kafka"]["session_timeout_ms"] = 3000
         jobs["worker"]["concurrency"] = 2
+        jobs["worker"]["metrics_port"] = 0  # two workers on one machine
         config = tmp_path / "worker.yaml"
         config.write_text(yaml.safe_dump({"jobs": jobs, "gateway": {"log_requests": False}}))
         ids = [stack.submit(spec)["id"] for _ in range(JOBS)]
         log = tmp_path / "workers.log"
         workers = [_start(config, log), _start(config, log)]
         kills = 0
+        restarts: list[str] = []
         rng = random.Random(7)
         store = JobStore(stack.jobs.storage)
         deadline = time.monotonic() + 300
         try:
             while True:
                 time.sleep(4)
-                finished = [store.final(job_id) for job_id in ids]
-                # Finished means the terminal record and its event: a worker killed between
-                # the two leaves the event to the job's next delivery.
-                if all(finished) and all(_terminal_events(store, f) for f in finished if f):
-                    break
+                try:
+                    finished = [store.final(job_id) for job_id in ids]
+                    # Finished means the terminal record and its event: a worker killed
+                    # between the two leaves the event to the job's next delivery.
+                    if all(finished) and all(_terminal_events(store, f) for f in finished if f):
+                        break
+                except StorageError:
+                    finished = []  # the object store is restarting
+                    assert restarts and restarts[-1] == "store"
                 assert time.monotonic() < deadline, (
                     f"{sum(1 for f in finished if not f)} jobs unfinished; see {log}"
                 )
+                if kills == 4 and "broker" not in restarts:
+                    broker_server.restart()
+                    restarts.append("broker")
+                elif kills == 8 and "store" not in restarts:
+                    store_server.restart()
+                    restarts.append("store")
                 if kills < 12:
                     victim = rng.randrange(len(workers))
                     workers[victim].send_signal(signal.SIGKILL)
@@ -81,7 +97,7 @@ def test_no_job_is_lost_while_workers_are_killed(
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        assert kills >= 3
+        assert kills >= 3 and restarts == ["broker", "store"]
         for job_id in ids:
             final = store.final(job_id)
             assert final is not None and final.status.terminal
@@ -89,6 +105,7 @@ def test_no_job_is_lost_while_workers_are_killed(
             assert job["status"] == final.status.value
             terminal = _terminal_events(store, final)
             assert len(terminal) == 1, (job_id, terminal)
+            assert job["attempts"] <= stack.jobs.worker.max_attempts
 
 
 def _terminal_events(store: JobStore, final: Job) -> list[dict[str, object]]:
