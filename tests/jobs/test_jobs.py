@@ -1,4 +1,4 @@
-"""Agent jobs end to end: API -> Kafka (Tansu) -> worker -> bubblewrap -> S3 (moto)."""
+"""Agent jobs end to end: API -> Kafka (Tansu) -> worker -> bubblewrap -> S3 (SeaweedFS)."""
 
 from __future__ import annotations
 

@@ -108,3 +108,38 @@ async def test_gate_full_queue_and_timeout() -> None:
         await waiter
     gate.leave()
     assert gate.active == 0 and gate.try_enter()  # nothing leaked
+
+
+def test_a_worker_key_acts_for_a_job_owner_and_no_other_key_may() -> None:
+    (owner_key, owner_hash), (worker_key, worker_hash), (other_key, other_hash) = (
+        new_key(),
+        new_key(),
+        new_key(),
+    )
+    auth = Authenticator(
+        AuthSettings(
+            enabled=True,
+            keys=[
+                {
+                    "name": "owner",
+                    "hash": owner_hash,
+                    "tiers": ["standard"],
+                    "limits": {"requests_per_minute": 5},
+                },
+                {"name": "worker", "hash": worker_hash, "acts_for_job_owners": True},
+                {"name": "other", "hash": other_hash},
+            ],
+        )
+    )
+    caller = auth.authenticate(f"Bearer {worker_key}", "owner")
+    # The owner's identity, tiers and limits apply to the agent's model calls.
+    assert caller.name == "owner" and not caller.may_use_tier(Tier.FAST)
+    assert caller.key is not None and caller.key.limits.requests_per_minute == 5
+    assert auth.authenticate(f"Bearer {worker_key}").name == "worker"
+    with pytest.raises(OpenAIError) as refused:
+        auth.authenticate(f"Bearer {other_key}", "owner")
+    assert refused.value.status == 403
+    with pytest.raises(OpenAIError) as unknown:
+        auth.authenticate(f"Bearer {worker_key}", "nobody")
+    assert unknown.value.status == 403
+    del owner_key

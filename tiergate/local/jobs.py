@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,15 +35,24 @@ BROKER_PORT = 9092
 WORKER_HEALTH_PORT = 9400
 
 
-def local_jobs_settings(settings: Settings) -> JobsSettings:
+@dataclass(frozen=True)
+class LocalPorts:
+    """Where the local job servers listen (tests pick free ones)."""
+
+    s3: int = S3_PORT
+    broker: int = BROKER_PORT
+    worker_health: int = WORKER_HEALTH_PORT
+
+
+def local_jobs_settings(settings: Settings, ports: LocalPorts) -> JobsSettings:
     """Jobs on, against the local servers, with the gateway this stack serves."""
     jobs = settings.jobs.model_copy(deep=True)
     jobs.enabled = True
     jobs.gateway_url = f"http://127.0.0.1:{settings.gateway.port}"
-    jobs.storage.endpoint_url = f"http://127.0.0.1:{S3_PORT}"
-    jobs.kafka.bootstrap_servers = f"127.0.0.1:{BROKER_PORT}"
+    jobs.storage.endpoint_url = f"http://127.0.0.1:{ports.s3}"
+    jobs.kafka.bootstrap_servers = f"127.0.0.1:{ports.broker}"
     jobs.worker.metrics_host = "127.0.0.1"
-    jobs.worker.metrics_port = WORKER_HEALTH_PORT
+    jobs.worker.metrics_port = ports.worker_health
     # Ctrl-C should not wait a minute: a job still running is picked up again next time.
     jobs.worker.drain_seconds = min(jobs.worker.drain_seconds, 10.0)
     if os.geteuid() != 0:
@@ -62,9 +72,11 @@ def _start_or_reuse(server: Server, say: Callable[[str], None]) -> bool:
     return True
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
+def _wait_healthy(
+    proc: subprocess.Popen[bytes], log: Path, port: int, timeout: float = 90.0
+) -> None:
     deadline = time.monotonic() + timeout
-    url = f"http://127.0.0.1:{WORKER_HEALTH_PORT}/healthz"
+    url = f"http://127.0.0.1:{port}/healthz"
     while True:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
@@ -79,16 +91,22 @@ def _wait_healthy(proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.
 
 @contextlib.contextmanager
 def local_jobs(
-    settings: Settings, log_dir: Path, say: Callable[[str], None]
+    settings: Settings,
+    log_dir: Path,
+    say: Callable[[str], None],
+    *,
+    data: Path | None = None,
+    ports: LocalPorts | None = None,
 ) -> Iterator[JobsSettings]:
     """Run the object store, the broker and a worker for the block; yields the jobs
-    settings for the gateway."""
+    settings for the gateway. Data lives in ``data`` (default: the cache's ``pipeline``)."""
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
-    jobs = local_jobs_settings(settings)
-    data = default_cache_dir() / "pipeline"
-    store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", S3_PORT)
-    kafka = broker(BROKER_PORT, store.url, log_dir / "tansu.log")
+    ports = ports or LocalPorts()
+    jobs = local_jobs_settings(settings, ports)
+    data = data or default_cache_dir() / "pipeline"
+    store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", ports.s3)
+    kafka = broker(ports.broker, store.url, log_dir / "tansu.log")
     started: list[Server] = []
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -111,10 +129,10 @@ def local_jobs(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _wait_healthy(worker, log)
+        _wait_healthy(worker, log, ports.worker_health)
         say(
             f"jobs: object store {store.url} (data: {data}), broker {kafka.address}, "
-            f"worker health http://127.0.0.1:{WORKER_HEALTH_PORT}/healthz"
+            f"worker health http://127.0.0.1:{ports.worker_health}/healthz"
         )
         yield jobs
     finally:
