@@ -177,3 +177,19 @@ def test_idempotency_key_and_outstanding_cap(
         assert over.json()["error"]["code"] == "too_many_outstanding_jobs"
         httpx.post(f"{url}/{first['id']}/cancel")  # a finished job frees its place
         assert httpx.post(url, json=TASK).status_code == 200
+
+
+def test_an_acknowledged_submit_survives_a_sigkilled_broker(
+    pipeline: tuple[ObjectStore, Server], model: FakeVllm, tmp_path: Path
+) -> None:
+    """What answered 200 ``queued`` is in the broker's storage: SIGKILL right after the
+    acknowledgement loses nothing (an in-memory broker would lose it all)."""
+    store_server, broker_server = pipeline
+    model.behaviour.replies = [SOLVE, "DONE"]
+    with jobs_stack(broker_server.address, store_server.url, model, tmp_path) as stack:
+        acknowledged = stack.submit(TASK)["id"]
+        broker_server.stop(kill=True)
+        broker_server.start()
+        stack.start_worker()
+        final = stack.wait(acknowledged, lambda j: j["status"] in TERMINAL, timeout=120)
+        assert final["status"] == "completed", final
