@@ -13,7 +13,7 @@ import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
-from tests.servers import free_port
+from tests.servers import free_port, running_gateway
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
@@ -21,6 +21,7 @@ from tiergate.queue.runner import JobRunner
 from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 from tiergate.queue.sweep import sweep
+from tiergate.queue.worker import Worker
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"
 TASK: dict[str, Any] = {
@@ -193,3 +194,28 @@ def test_an_acknowledged_submit_survives_a_sigkilled_broker(
         stack.start_worker()
         final = stack.wait(acknowledged, lambda j: j["status"] in TERMINAL, timeout=120)
         assert final["status"] == "completed", final
+
+
+def test_workers_take_no_job_while_the_gateway_is_away(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """A stack still starting (or a gateway rollout) does not burn jobs' attempts: the
+    job waits queued, then runs once the gateway answers."""
+    model.behaviour.replies = [SOLVE, "DONE"]
+    later = free_port()
+    with jobs_stack(
+        broker, s3, model, tmp_path, worker={"max_attempts": 2, "retry_backoff_seconds": 0.2}
+    ) as stack:
+        job = stack.submit(TASK)
+        jobs = stack.jobs.model_copy(deep=True)
+        jobs.gateway_url = f"http://127.0.0.1:{later}"
+        worker = Worker(jobs)
+        worker.start()
+        try:
+            time.sleep(3)  # long enough for two attempts to have failed without the wait
+            assert httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()["status"] == "queued"
+            with running_gateway(stack.settings, port=later):
+                final = stack.wait(job["id"], lambda j: j["status"] in TERMINAL, timeout=60)
+            assert final["status"] == "completed" and final["attempts"] == 1, final
+        finally:
+            worker.stop(drain_seconds=0)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import httpx
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
@@ -171,9 +172,30 @@ class Worker:
 
     # -- slots ------------------------------------------------------------------------------
 
+    def _await_gateway(self, name: str) -> bool:
+        """Every job calls the model through the gateway: a slot takes no job while the
+        gateway does not answer (a stack still starting, a gateway rollout), so that its
+        absence does not burn jobs' attempts. False when the worker is stopping."""
+        url = self._settings.gateway_url.rstrip("/") + "/healthz"
+        said = False
+        while not self._stopping.is_set():
+            self.liveness.beat(name)
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            if not said:
+                log.info("%s: waiting for the gateway at %s", name, url)
+                said = True
+            self._stopping.wait(1.0)
+        return False
+
     def _slot(self, runner: JobRunner) -> None:
         kafka = self._settings.kafka
         name = threading.current_thread().name
+        if not self._await_gateway(name):
+            return
         consumer = self._consumer(kafka.topic, kafka.group)
         try:
             while not self._stopping.is_set():
