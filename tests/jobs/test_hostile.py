@@ -113,3 +113,6 @@ def test_hostile_jobs_end_and_the_next_job_completes(
         assert "job.failed" in events
         assert 'tiergate_jobs_finished_total{reason="sandbox",status="failed"} 5.0' in metrics
         assert 'tiergate_jobs_finished_total{reason="ok",status="completed"} 2.0' in metrics
+        assert 'tiergate_jobs_sandbox_seconds_count{phase="setup"} 4.0' in metrics
+        steps = sum(j["steps"] for j in finals.values()) + done["steps"]
+        assert f"tiergate_jobs_step_seconds_count {float(steps)}" in metrics

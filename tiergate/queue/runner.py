@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.lifecycle import JobLifecycle
+from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.schema import Job, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
@@ -51,6 +52,7 @@ class JobRunner:
         queue: JobQueue,
         model_client: Callable[[JobMessage], ModelClient] | None = None,
         on_finished: Finished = lambda status, reason: None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -58,6 +60,7 @@ class JobRunner:
         self._jobs = JobLifecycle(store)
         self._model_client = model_client or self._default_client
         self._on_finished = on_finished
+        self._metrics = metrics or WorkerMetrics()
         self._abandon = threading.Event()
         self._sandbox: Sandbox | None = None
 
@@ -160,7 +163,8 @@ class JobRunner:
             sandbox.write_files(spec.workspace.files or {})
             sandbox.check_disk(disk)
             for command in spec.setup:
-                result = sandbox.run(command, timeout=max(1.0, deadline - time.monotonic()))
+                with self._metrics.sandbox("setup"):
+                    result = sandbox.run(command, timeout=max(1.0, deadline - time.monotonic()))
                 trajectory.append(
                     {
                         "type": "setup",
@@ -174,7 +178,12 @@ class JobRunner:
                 if result.exit_code != 0:
                     raise SandboxError(f"setup command failed ({result.exit_code}): {command}")
 
+            mark = [time.monotonic()]
+
             def on_step(entry: dict[str, Any]) -> None:
+                self._metrics.observe_sandbox("command", float(entry["seconds"]))
+                self._metrics.observe_step(time.monotonic() - mark[0])
+                mark[0] = time.monotonic()
                 self._jobs.step(job, entry)
                 sandbox.check_disk(disk)
 
@@ -197,7 +206,8 @@ class JobRunner:
                 return "finished"
             verifier_log = None
             if spec.verifier is not None:
-                result = sandbox.run(spec.verifier.command, spec.verifier.timeout_seconds)
+                with self._metrics.sandbox("verifier"):
+                    result = sandbox.run(spec.verifier.command, spec.verifier.timeout_seconds)
                 verifier_log = result.output
                 sandbox.check_disk(disk)
                 reward = _read_reward(sandbox, spec.verifier.reward_file)

@@ -109,6 +109,7 @@ class Worker:
                 self._queue,
                 self._model_client,
                 on_finished=self._finished,
+                metrics=self.metrics,
             )
             self._runners.append(runner)
             self._thread(f"job-slot-{index}", self._slot, runner)
