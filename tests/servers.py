@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from tiergate.gateway.app import create_app
+from tiergate.gateway.serving import uvicorn_options
 from tiergate.settings import Settings, load_settings
 
 
@@ -54,9 +55,8 @@ def running_gateway(settings: Settings, port: int | None = None) -> Iterator[str
         create_app(settings),
         host="127.0.0.1",
         port=port,
-        log_config=None,
-        access_log=False,
         lifespan="on",
+        **uvicorn_options(settings.gateway),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
-from tiergate.settings import Settings, SettingsError, default_cache_dir, load_settings
+from tiergate.settings import (
+    GatewaySettings,
+    Settings,
+    SettingsError,
+    default_cache_dir,
+    load_settings,
+)
 from tiergate.tiers import Tier
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -43,16 +50,28 @@ def serve(
 
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
+    from tiergate.gateway.serving import uvicorn_options
 
     settings = _settings()
+    # The options override the settings themselves: the metrics listener binds gateway.host.
+    try:
+        gateway = GatewaySettings.model_validate(
+            {
+                **settings.gateway.model_dump(),
+                "host": host or settings.gateway.host,
+                "port": port if port is not None else settings.gateway.port,
+            }
+        )
+    except ValidationError as exc:
+        typer.echo(f"tiergate: invalid --host/--port: {exc}", err=True)
+        raise typer.Exit(2) from None
+    settings = settings.model_copy(update={"gateway": gateway})
     configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
-        host=host or settings.gateway.host,
-        port=port if port is not None else settings.gateway.port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=30,
+        host=gateway.host,
+        port=gateway.port,
+        **uvicorn_options(gateway),
     )
 
 
@@ -92,7 +111,11 @@ def backend(
     if dry_run:
         typer.echo(" ".join(cmd))
         return
-    os.execve(cmd[0], cmd, vllm_environment(profile))
+    env = vllm_environment(profile)
+    api_key = settings.tiers[tier].api_key
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # vLLM's --api-key, kept off the command line
+    os.execve(cmd[0], cmd, env)
 
 
 @app.command()

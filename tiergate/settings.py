@@ -52,6 +52,9 @@ class PoolSettings(_Section):
     endpoints: list[str] = Field(default_factory=list)
     dns: DnsDiscovery | None = None
     long_context_endpoints: list[str] = Field(default_factory=list)
+    # The engines' API key (vLLM's --api-key / VLLM_API_KEY): sent as
+    # ``Authorization: Bearer`` on every request to this tier's servers. Never logged.
+    api_key: str | None = Field(None, min_length=1, repr=False)
 
     @field_validator("endpoints", "long_context_endpoints")
     @classmethod
@@ -112,6 +115,25 @@ class GatewaySettings(_Section):
     # The tuner's decision (what each tier runs and the evidence), shown at /v1/tiers and in
     # /metrics; the local stack points this at the decision it serves.
     tier_evidence_file: str | None = None
+    # None: /metrics on the main port. Set: /metrics only on a second listener on this port
+    # (same host, same process and registry), and the main port answers 404 for it.
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    # /docs, /redoc and /openapi.json; off: 404.
+    docs: bool = True
+    # uvicorn's graceful shutdown: in-flight requests and streams get this long to finish.
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    # Connections plus requests in progress past which uvicorn answers 503 (None: no cap).
+    max_connections: int | None = Field(None, ge=1)
+    # An idle keep-alive connection (between requests) is closed after this long.
+    keep_alive_seconds: float = Field(5.0, gt=0)
+    # A request's whole body must arrive within this long after its headers, else 408.
+    body_read_timeout_seconds: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> GatewaySettings:
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError("gateway.metrics_port must differ from gateway.port")
+        return self
 
 
 class KeyLimits(_Section):

@@ -94,6 +94,7 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
     from tiergate.engine.gate import ParityMissing, ensure_parity
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
+    from tiergate.gateway.serving import uvicorn_options
     from tiergate.quant.prepare import prepare_profile_model
 
     if compile_engines:
@@ -148,7 +149,7 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
             )
         )
         configure_logging(settings.log_level)
-        uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
+        uvicorn.run(create_app(settings), host=host, port=port, **uvicorn_options(settings.gateway))
         return 0
     except KeyboardInterrupt:
         return 0

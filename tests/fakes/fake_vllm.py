@@ -35,6 +35,8 @@ class FakeBehaviour:
     delay_per_prompt_char: float = 0.0
     # Scripted assistant replies for non-streaming chat, in order; the last one repeats.
     replies: list[str] = field(default_factory=list)
+    # Like vLLM's --api-key: /v1/* without this bearer token is answered 401.
+    api_key: str | None = None
 
 
 @dataclass
@@ -42,6 +44,10 @@ class FakeRecord:
     requests: int = 0
     cancelled: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    # The headers of each completion request, in the order of ``bodies``.
+    headers: list[dict[str, str]] = field(default_factory=list)
+    # (path, authorization header or None) of each /health, /metrics and /v1/models probe.
+    probes: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 class FakeVllm:
@@ -95,10 +101,21 @@ class FakeVllm:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
+    def _probe(self, request: web.Request) -> None:
+        self.record.probes.append((request.path, request.headers.get("authorization")))
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        key = self.behaviour.api_key
+        if key is None or request.headers.get("authorization") == f"Bearer {key}":
+            return None
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
     async def _health(self, request: web.Request) -> web.Response:
+        self._probe(request)
         return web.Response(status=200 if self.behaviour.healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self._probe(request)
         b = self.behaviour
         text = (
             "# TYPE vllm:num_requests_running gauge\n"
@@ -111,6 +128,10 @@ class FakeVllm:
         return web.Response(text=text)
 
     async def _models(self, request: web.Request) -> web.Response:
+        self._probe(request)
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         return web.json_response(
             {
                 "object": "list",
@@ -141,9 +162,13 @@ class FakeVllm:
         }
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         body = await request.json()
         self.record.requests += 1
         self.record.bodies.append(body)
+        self.record.headers.append({k.lower(): v for k, v in request.headers.items()})
         b = self.behaviour
         chat = request.path.endswith("/chat/completions")
         try:

@@ -36,7 +36,14 @@ def test_no_fallback_and_no_endpoint_is_503_envelope(fakes: list[FakeVllm]) -> N
         assert resp.status_code == 503
         assert resp.json()["error"]["code"] == "no_healthy_endpoint"
         assert "retry-after" in resp.headers
-        assert httpx.get(f"{base}/readyz").status_code == 503
+        # Still ready (the pod serves its own routes); the body says the tiers cannot serve.
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "ready": True,
+            "tiers_serving": False,
+            "tiers": {"standard": True, "fast": False},
+        }
 
 
 def test_endpoint_returning_after_outage_is_used_again(fakes: list[FakeVllm]) -> None:

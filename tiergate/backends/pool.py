@@ -40,6 +40,10 @@ class TierPool:
             PrefixAffinity(routing.affinity_max_entries), routing.affinity_load_slack
         )
         self.endpoints: dict[str, Endpoint] = {}
+        # Sent on every request to this tier's servers (completions and probes alike).
+        self.auth_headers: dict[str, str] = (
+            {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        )
         self.model_names: frozenset[str] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
         # Endpoints designated for long prompts serve only those, so that a flood of long
@@ -164,7 +168,9 @@ class TierPool:
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         was_healthy = ep.healthy
         try:
-            async with self._session.get(f"{ep.url}/health", timeout=timeout) as resp:
+            async with self._session.get(
+                f"{ep.url}/health", timeout=timeout, headers=self.auth_headers
+            ) as resp:
                 ep.healthy = resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             ep.healthy = False
@@ -181,7 +187,9 @@ class TierPool:
     async def _scrape_load(self, ep: Endpoint) -> None:
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
-            async with self._session.get(f"{ep.url}/metrics", timeout=timeout) as resp:
+            async with self._session.get(
+                f"{ep.url}/metrics", timeout=timeout, headers=self.auth_headers
+            ) as resp:
                 if resp.status == 200:
                     ep.load = parse_load_signals(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
@@ -190,7 +198,9 @@ class TierPool:
     async def _fetch_models(self, ep: Endpoint) -> None:
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
-            async with self._session.get(f"{ep.url}/v1/models", timeout=timeout) as resp:
+            async with self._session.get(
+                f"{ep.url}/v1/models", timeout=timeout, headers=self.auth_headers
+            ) as resp:
                 if resp.status == 200:
                     body = await resp.json()
                     ep.models = {m["id"]: m for m in body.get("data", []) if "id" in m}

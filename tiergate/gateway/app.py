@@ -13,9 +13,8 @@ import aiohttp
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
@@ -28,8 +27,11 @@ from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
+from tiergate.gateway.metricsport import MetricsListener
 from tiergate.gateway.openapi import completion_route
+from tiergate.gateway.opsroutes import register_ops_routes
 from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.gateway.serving import BodyReadDeadline
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.store import JobStore
@@ -108,9 +110,18 @@ def create_app(settings: Settings) -> FastAPI:
             "gateway ready",
             extra={"fields": {tier.value: list(pool.endpoints) for tier, pool in pools.items()}},
         )
+        listener: MetricsListener | None = None
+        if settings.gateway.metrics_port is not None:
+            listener = MetricsListener(
+                metrics.registry, settings.gateway.host, settings.gateway.metrics_port
+            )
         try:
+            if listener is not None:
+                await listener.start()
             yield
         finally:
+            if listener is not None:
+                await listener.stop()
             for pool in pools.values():
                 await pool.stop()
             await session.close()
@@ -120,19 +131,29 @@ def create_app(settings: Settings) -> FastAPI:
             if access_log is not None:
                 access_log.flush()
 
+    docs = settings.gateway.docs
     app = FastAPI(
         title="tiergate",
         version=__version__,
         description="OpenAI-compatible gateway over a standard and a fast tier of vLLM.",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
+    app.add_middleware(BodyReadDeadline, seconds=settings.gateway.body_read_timeout_seconds)
 
     def openapi_with_served_models() -> dict[str, Any]:
         # The request schemas carry the models served right now as examples, so that the
-        # description (and a fuzzer reading it) can reach the backends.
+        # description (and a fuzzer reading it) can reach the backends; only without keys,
+        # when anyone may list the models anyway: the description is served to anyone.
         schema = FastAPI.openapi(app)
         state: GatewayState | None = getattr(app.state, "gateway", None)
-        names = sorted({c["id"] for c in _model_cards(state)}) if state is not None else []
+        names = (
+            sorted({c["id"] for c in _model_cards(state)})
+            if state is not None and not settings.auth.enabled
+            else []
+        )
         for path in ("/v1/chat/completions", "/v1/completions"):
             body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
             body["schema"]["properties"]["model"]["examples"] = names
@@ -141,6 +162,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]
 
     register_job_routes(app)
+    register_ops_routes(app, settings)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:
@@ -218,34 +240,6 @@ def create_app(settings: Settings) -> FastAPI:
         state = _state(request)
         state.gatekeeper.authenticate(request.headers.get("authorization"))
         return _json(state.evidence.describe())
-
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> Response:
-        """Liveness: the process answers."""
-        return _json({"status": "ok"})
-
-    @app.get(
-        "/readyz",
-        tags=["ops"],
-        responses={503: {"description": "A tier has no healthy endpoint and no fallback"}},
-    )
-    async def readyz(request: Request) -> Response:
-        """Readiness: every tier has a healthy endpoint, or can fall back to one that has."""
-        state = _state(request)
-        tiers = {tier.value: pool.has_available() for tier, pool in state.pools.items()}
-        fallback = state.settings.policy.fallback
-        ready = all(ok or (fallback and tiers[Tier(t).other.value]) for t, ok in tiers.items())
-        return _json({"ready": ready, "tiers": tiers}, 200 if ready else 503)
-
-    @app.get(
-        "/metrics",
-        tags=["ops"],
-        response_class=PlainTextResponse,
-        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
-    )
-    async def metrics(request: Request) -> Response:
-        registry = _state(request).metrics.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

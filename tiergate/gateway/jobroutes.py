@@ -54,7 +54,7 @@ def register_job_routes(app: FastAPI) -> None:
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/x-tar": {"schema": {"type": "string", "format": "binary"}}
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
                 },
             }
         },

@@ -80,10 +80,11 @@ _ERROR_STATUSES = {
     "401": "No API key, or a wrong one",
     "403": "The key may not use this model or tier",
     "404": "Unknown model",
+    "408": "The body did not arrive within gateway.body_read_timeout_seconds",
     "413": "Body too large",
     "429": "The key's own limit (requests, tokens or concurrency)",
     "500": "Internal error",
-    "502": "The upstream failed while answering",
+    "502": "The upstream failed while answering, or refused the gateway's engine key",
     "503": "No healthy endpoint, or the tier's admission queue is full",
     "504": "The upstream did not answer in time",
 }

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,11 +14,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.auth import ON_BEHALF_OF
+from tiergate.gateway.auth import ON_BEHALF_OF, Caller
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.requestids import (
+    INTERNAL_ID_HEADER,
+    REQUEST_ID_HEADER,
+    RequestIds,
+    client_request_id,
+)
 from tiergate.gateway.selection import (
     TIER_HEADER,
     InspectedRequest,
@@ -40,17 +44,6 @@ OVERHEAD_HEADER = "x-tiergate-overhead-ms"
 
 class _ClientGone(Exception):
     pass
-
-
-class _RequestIds:
-    """Unique request ids: a random per-process prefix and a counter (cheaper than uuid4)."""
-
-    def __init__(self) -> None:
-        self._prefix = f"req_{uuid.uuid4().hex[:12]}"
-        self._count = itertools.count(1)
-
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._count):012x}"
 
 
 @dataclass(slots=True)
@@ -79,7 +72,7 @@ class CompletionsProxy:
         self._access_log = access_log
         self._pools = pools
         self._metrics = metrics
-        self._ids = _RequestIds()
+        self._ids = RequestIds()
         self._caller = UpstreamCaller(pools, session, settings.timeouts, settings.policy, metrics)
 
     def _serves(self, model: str) -> bool:
@@ -102,9 +95,13 @@ class CompletionsProxy:
         self, request: Request, path: str, watch: _DisconnectWatch
     ) -> tuple[Response, Lease | None]:
         timing = _Timing(started=time.perf_counter())
-        request_id = request.headers.get("x-request-id") or self._ids.next()
-        headers = {"x-request-id": request_id}
+        # The lease and vLLM get the gateway's own id; the client's is only echoed/logged.
+        request_id = self._ids.next()
+        client_id = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        headers = {REQUEST_ID_HEADER: client_id or request_id, INTERNAL_ID_HEADER: request_id}
         fields: dict[str, Any] = {"request_id": request_id, "path": path}
+        if client_id is not None:
+            fields["client_request_id"] = client_id
         lease: Lease | None = None
         try:
             caller = self._gatekeeper.authenticate(
@@ -120,7 +117,7 @@ class CompletionsProxy:
                 self._settings.gateway.max_tokens_limit,
             )
             fields.update(model=req.model, stream=req.stream)
-            self._check_model(req.model)
+            self._check_model(req.model, caller)
             req.choice.tier = self._gatekeeper.choose_tier(caller, req)
             req.allowed_tiers = frozenset(t for t in Tier if caller.may_use_tier(t))
             fields.update(tier_requested=req.choice.tier.value, tier_reason=req.choice.reason)
@@ -267,7 +264,7 @@ class CompletionsProxy:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _check_model(self, model: str) -> None:
+    def _check_model(self, model: str, caller: Caller) -> None:
         if self._serves(model):
             return
         known = set().union(*(pool.model_names for pool in self._pools.values()))
@@ -278,9 +275,12 @@ class CompletionsProxy:
                 code="backend_unavailable",
                 headers={"retry-after": "2"},
             )
+        # Only the models this key may use are named: a key learns of no others.
+        usable = sorted(name for name in known if caller.may_use_model(name))
+        hint = f"; available: {', '.join(usable)}" if usable else ""
         raise OpenAIError(
             404,
-            f"The model {model!r} does not exist; available: {', '.join(sorted(known))}.",
+            f"The model {model!r} does not exist{hint}.",
             param="model",
             code="model_not_found",
         )

@@ -102,7 +102,9 @@ class UpstreamCaller:
                     self._metrics.retries.labels(tier.value, _reason(last_error)).inc()
                 tried.append(ep.url)
                 attempts += 1
-                outcome = await self._attempt(ep, path, body, headers)
+                outcome = await self._attempt(
+                    ep, path, body, {**headers, **self._pools[tier].auth_headers}
+                )
                 if isinstance(outcome, aiohttp.ClientResponse):
                     return Opened(outcome, ep, tier, index > 0, attempts)
                 last_error = outcome
@@ -141,6 +143,17 @@ class UpstreamCaller:
                 f"The {ep.tier.value} tier is unavailable ({type(exc).__name__}).",
                 code="backend_unavailable",
                 headers={"retry-after": "1"},
+            )
+        if resp.status == 401:
+            # vLLM refused the engine key (tiers.<tier>.api_key), not the client's: the
+            # client must not read this as its own key being wrong.
+            ep.in_flight -= 1
+            resp.close()
+            log.warning("endpoint %s refused the gateway's engine API key", ep.url)
+            return OpenAIError(
+                502,
+                f"The {ep.tier.value} tier refused the gateway's credentials.",
+                code="upstream_auth_failed",
             )
         if resp.status in RETRYABLE_STATUS:
             try:

@@ -1,0 +1,112 @@
+"""uvicorn's options from the settings, as `tiergate serve` and the local stack use them;
+the exposure settings' validation; which client request ids are echoed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from tiergate import cli
+from tiergate.gateway.requestids import client_request_id
+from tiergate.gateway.serving import uvicorn_options
+from tiergate.settings import Settings, SettingsError, load_settings
+
+
+def test_defaults_keep_todays_behaviour() -> None:
+    gateway = load_settings().gateway
+    assert gateway.metrics_port is None and gateway.docs
+    assert uvicorn_options(gateway) == {
+        "timeout_graceful_shutdown": 30.0,
+        "limit_concurrency": None,
+        "timeout_keep_alive": 5.0,
+        "log_config": None,
+        "access_log": False,
+    }
+    assert gateway.body_read_timeout_seconds == 30.0
+
+
+def test_connection_settings_reach_uvicorn_config() -> None:
+    gateway = load_settings(
+        gateway={"max_connections": 200, "keep_alive_seconds": 2.5, "shutdown_grace_seconds": 110}
+    ).gateway
+    config = uvicorn.Config("tiergate.gateway.app:create_app", **uvicorn_options(gateway))
+    assert config.limit_concurrency == 200
+    assert config.timeout_keep_alive == 2.5
+    assert config.timeout_graceful_shutdown == 110
+
+
+def test_serve_runs_uvicorn_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    app_settings: dict[str, Any] = {}
+
+    def fake_run(app: object, **kwargs: Any) -> None:
+        seen.update(kwargs)
+
+    def fake_create_app(settings: Settings) -> object:
+        app_settings["gateway"] = settings.gateway
+        return object()
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr("tiergate.gateway.app.create_app", fake_create_app)
+    # Left alone, it would replace the root logger's handlers for the rest of the session.
+    monkeypatch.setattr("tiergate.gateway.logs.configure_logging", lambda level: None)
+    monkeypatch.setenv("TIERGATE_GATEWAY__MAX_CONNECTIONS", "7")
+    monkeypatch.setenv("TIERGATE_GATEWAY__SHUTDOWN_GRACE_SECONDS", "115")
+    monkeypatch.setenv("TIERGATE_GATEWAY__METRICS_PORT", "9124")
+    result = CliRunner().invoke(cli.app, ["serve", "--host", "0.0.0.0", "--port", "9123"])
+    assert result.exit_code == 0, result.output
+    assert (seen["host"], seen["port"]) == ("0.0.0.0", 9123)
+    # The options reach the settings the app is built from (the metrics listener's host).
+    assert (app_settings["gateway"].host, app_settings["gateway"].port) == ("0.0.0.0", 9123)
+    assert seen["limit_concurrency"] == 7
+    assert seen["timeout_graceful_shutdown"] == 115
+    assert seen["timeout_keep_alive"] == 5
+    clash = CliRunner().invoke(cli.app, ["serve", "--port", "9124"])
+    assert clash.exit_code == 2 and "metrics_port" in clash.output
+
+
+@pytest.mark.parametrize(
+    ("gateway", "named"),
+    [
+        ({"port": 9000, "metrics_port": 9000}, "metrics_port"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"body_read_timeout_seconds": 0}, "body_read_timeout_seconds"),
+        ({"keep_alive_seconds": 0}, "keep_alive_seconds"),
+        ({"shutdown_grace_seconds": -1}, "shutdown_grace_seconds"),
+    ],
+)
+def test_exposure_settings_are_validated(gateway: dict[str, Any], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        load_settings(gateway=gateway)
+
+
+def test_engine_api_key_is_kept_out_of_reprs() -> None:
+    tiers = {
+        "standard": {"endpoints": ["http://a:8000"], "api_key": "engine-secret"},
+        "fast": {"endpoints": ["http://b:8000"]},
+    }
+    settings = load_settings(tiers=tiers)
+    assert "engine-secret" not in repr(settings) and "engine-secret" not in str(settings)
+    with pytest.raises(SettingsError, match="api_key"):
+        load_settings(tiers={**tiers, "fast": {"endpoints": [], "api_key": ""}})
+
+
+@pytest.mark.parametrize(
+    ("value", "echoed"),
+    [
+        ("abc-123", "abc-123"),
+        (None, None),
+        ("", None),
+        ("x" * 256, "x" * 256),
+        ("x" * 257, None),
+        ("tab\there", None),
+        ("caf\u00e9", None),
+    ],
+)
+def test_client_request_id_echoed_only_when_short_and_printable(
+    value: str | None, echoed: str | None
+) -> None:
+    assert client_request_id(value) == echoed

@@ -1,0 +1,59 @@
+"""Operations routes: liveness, readiness and (unless on its own port) ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import PlainTextResponse, Response
+
+from tiergate.settings import Settings
+from tiergate.tiers import Tier
+
+if TYPE_CHECKING:
+    from tiergate.gateway.app import GatewayState
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def tiers_serving(state: GatewayState) -> tuple[bool, dict[str, bool]]:
+    """Whether every tier has a healthy endpoint or can fall back to one that has, and
+    each tier's own availability."""
+    tiers = {tier.value: pool.has_available() for tier, pool in state.pools.items()}
+    fallback = state.settings.policy.fallback
+    serving = all(ok or (fallback and tiers[Tier(t).other.value]) for t, ok in tiers.items())
+    return serving, tiers
+
+
+def register_ops_routes(app: FastAPI, settings: Settings) -> None:
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Response:
+        """Liveness: the process answers."""
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz(request: Request) -> Response:
+        """Readiness: the gateway answers its own routes (models, tiers, jobs, and errors
+        with retry-after), so it stays ready while a tier is down: a vLLM rollout must not
+        take every gateway replica out of its Service. The body tells whether the tiers can
+        serve (``tiers_serving``) and each tier's health; the status code does not."""
+        state: GatewayState = request.app.state.gateway
+        serving, tiers = tiers_serving(state)
+        return _json({"ready": True, "tiers_serving": serving, "tiers": tiers})
+
+    if settings.gateway.metrics_port is not None:
+        return  # served by tiergate.gateway.metricsport on its own port only
+
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
+    )
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.gateway.metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
