@@ -332,6 +332,30 @@ class KafkaSettings(_Section):
     # so a long job does not lose its membership.
     session_timeout_ms: int = Field(6000, ge=1000)
     request_timeout_seconds: float = Field(5.0, gt=0)
+    # Copies of each partition when the topics are created (1 for one local broker).
+    replication_factor: int = Field(1, ge=1)
+    # Transport and identity for a production broker (kafka-python's names and values).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = Field(None, repr=False)
+    ssl_cafile: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """The connection options every kafka-python client of the pipeline takes."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            options.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        if self.ssl_cafile:
+            options["ssl_cafile"] = self.ssl_cafile
+        return options
 
 
 class StorageSettings(_Section):

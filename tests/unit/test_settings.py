@@ -96,3 +96,21 @@ def test_documented_gpu_profile_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
     cmd = vllm_command(fast, python="python")
     assert '"method":"eagle3"' in cmd[cmd.index("--speculative-config") + 1]
     assert "--enforce-eager" not in cmd
+
+
+def test_kafka_client_options_carry_sasl_and_tls() -> None:
+    from tiergate.settings import KafkaSettings
+
+    plain = KafkaSettings(bootstrap_servers="b:9092").client_options()
+    assert plain == {"bootstrap_servers": "b:9092", "security_protocol": "PLAINTEXT"}
+    secure = KafkaSettings(
+        bootstrap_servers="b:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="tiergate",
+        sasl_password="secret",
+        ssl_cafile="/etc/kafka/ca.pem",
+    )
+    options = secure.client_options()
+    assert options["sasl_plain_username"] == "tiergate" and options["ssl_cafile"].endswith("ca.pem")
+    assert "secret" not in repr(secure)

@@ -10,6 +10,7 @@ high watermark. On Kafka itself the fetch starts at the end and returns no recor
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -20,7 +21,11 @@ class LagUnavailable(Exception):
 
 
 def measure_lag(
-    bootstrap_servers: str, group: str, topic: str, timeout_s: float = 5.0
+    bootstrap_servers: str,
+    group: str,
+    topic: str,
+    timeout_s: float = 5.0,
+    client_options: dict[str, Any] | None = None,
 ) -> dict[int, int]:
     """``{partition: messages waiting}`` for ``group`` on ``topic``.
 
@@ -31,7 +36,7 @@ def measure_lag(
     timeout_ms = max(1, int(timeout_s * 1000))
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
+            **{**(client_options or {}), "bootstrap_servers": bootstrap_servers},
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

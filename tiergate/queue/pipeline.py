@@ -38,7 +38,7 @@ class JobQueue:
     def ensure_topics(self) -> None:
         try:
             admin = KafkaAdminClient(
-                bootstrap_servers=self._settings.bootstrap_servers,
+                **self._settings.client_options(),
                 request_timeout_ms=int(self._settings.request_timeout_seconds * 1000),
                 bootstrap_timeout_ms=int(self._settings.request_timeout_seconds * 1000),
             )
@@ -47,7 +47,7 @@ class JobQueue:
         try:
             existing = set(admin.list_topics())
             wanted = [
-                NewTopic(name, self._settings.partitions, 1)
+                NewTopic(name, self._settings.partitions, self._settings.replication_factor)
                 for name in (
                     self._settings.topic,
                     self._settings.retry_topic,
@@ -68,7 +68,7 @@ class JobQueue:
             if self._producer is None:
                 try:
                     self._producer = KafkaProducer(
-                        bootstrap_servers=self._settings.bootstrap_servers,
+                        **self._settings.client_options(),
                         acks="all",
                         enable_idempotence=True,
                         linger_ms=0,

@@ -85,7 +85,7 @@ class Worker:
         kafka = self._settings.kafka
         return KafkaConsumer(
             topic,
-            bootstrap_servers=kafka.bootstrap_servers,
+            **kafka.client_options(),
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -289,7 +289,9 @@ class Worker:
         while not self._stopping.wait(0 if last_sweep == 0 else 15.0):
             self.liveness.beat(name)
             with contextlib.suppress(LagUnavailable):
-                lags = measure_lag(kafka.bootstrap_servers, kafka.group, kafka.topic, 5.0)
+                lags = measure_lag(
+                    kafka.bootstrap_servers, kafka.group, kafka.topic, 5.0, kafka.client_options()
+                )
                 self.metrics.set_lags(kafka.topic, lags)
             self.metrics.observe_liveness(self.liveness)
             if time.monotonic() - last_sweep >= every:
