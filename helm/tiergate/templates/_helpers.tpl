@@ -67,3 +67,274 @@ seccompProfile:
 {{- $out | toJson -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A component's service account name. */}}
+{{- define "tiergate.serviceAccountName" -}}
+{{- $sa := .sa -}}
+{{- if $sa.create -}}
+{{- $sa.name | default (printf "%s-%s" (include "tiergate.fullname" .root) .component) -}}
+{{- else -}}
+{{- $sa.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Secret names: the keys, the engines' key, Redis, static storage keys. */}}
+{{- define "tiergate.authSecret" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "tiergate.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tiergate.engineSecret" -}}
+{{- .Values.vllm.apiKey.existingSecret | default (printf "%s-engine" (include "tiergate.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tiergate.engineSecretKey" -}}
+{{- if .Values.vllm.apiKey.existingSecret }}{{ .Values.vllm.apiKey.existingSecretKey }}{{ else }}engine-api-key{{ end -}}
+{{- end -}}
+
+{{- define "tiergate.storageSecret" -}}
+{{- .Values.jobs.storage.staticCredentials.existingSecret | default (printf "%s-storage" (include "tiergate.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tiergate.storageStatic" -}}
+{{- $c := .Values.jobs.storage.staticCredentials -}}
+{{- if or $c.existingSecret $c.accessKeyId }}true{{ end -}}
+{{- end -}}
+
+{{/* The Redis the limits use: "" (none), "chart" (the chart's), "url" (limits.redisUrl) or
+"secret" (limits.existingSecret). */}}
+{{- define "tiergate.redisSource" -}}
+{{- if .Values.limits.existingSecret }}secret
+{{- else if .Values.limits.redisUrl }}url
+{{- else if .Values.redis.enabled }}chart
+{{- end -}}
+{{- end -}}
+
+{{/* Whether anyone outside the cluster can reach the gateway. */}}
+{{- define "tiergate.public" -}}
+{{- if or .Values.gateway.ingress.enabled (has .Values.gateway.service.type (list "LoadBalancer" "NodePort")) }}true{{ end -}}
+{{- end -}}
+
+{{/* The tuning image: vLLM and tiergate in one. */}}
+{{- define "tiergate.tuningImage" -}}
+{{ .Values.tuning.image.repository }}:{{ .Values.tuning.image.tag | default (printf "%s-%s" .Chart.AppVersion .Values.vllm.image.tag) }}
+{{- end -}}
+
+{{- define "tiergate.decisionDir" -}}
+/models/tiergate/decisions/{{ .Values.tuning.hardware.name }}
+{{- end -}}
+
+{{/* Whether the fast tier is gated by the tuner's decision. */}}
+{{- define "tiergate.tunedFast" -}}
+{{- if and .Values.tuning.enabled .Values.vllm.tiers.fast.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* Kafka's part of the settings tree (jobs.kafka), shared by the gateway and workers. */}}
+{{- define "tiergate.kafkaConfig" -}}
+{{- $k := .Values.jobs.kafka -}}
+bootstrap_servers: {{ $k.bootstrapServers | quote }}
+topic: {{ $k.topic | quote }}
+group: {{ $k.consumerGroup | quote }}
+{{- if not (kindIs "invalid" $k.replicationFactor) }}
+replication_factor: {{ $k.replicationFactor }}
+{{- end }}
+{{- $sec := $k.security }}
+{{- if ne $sec.protocol "PLAINTEXT" }}
+security_protocol: {{ $sec.protocol }}
+{{- if hasPrefix "SASL_" $sec.protocol }}
+sasl_mechanism: {{ $sec.saslMechanism }}
+{{- end }}
+{{- if $sec.caKey }}
+ssl_cafile: /etc/tiergate/kafka/ca.crt
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "tiergate.jobsConfig" -}}
+enabled: true
+gateway_url: http://{{ include "tiergate.fullname" . }}-gateway:{{ .Values.gateway.service.port }}
+kafka:
+  {{- include "tiergate.kafkaConfig" . | nindent 2 }}
+storage:
+  endpoint_url: {{ .Values.jobs.storage.endpointUrl | quote }}
+  bucket: {{ .Values.jobs.storage.bucket | quote }}
+  region: {{ .Values.jobs.storage.region | quote }}
+{{- end -}}
+
+{{/* Refuse secrets and chart-owned settings in a values settings tree (.cfg at .where). */}}
+{{- define "tiergate.checkConfig" -}}
+{{- $cfg := .cfg | default dict -}}
+{{- $auth := $cfg.auth | default dict -}}
+{{- if hasKey $auth "keys" -}}
+{{- fail (printf "%s.auth.keys: API keys go in auth.keys (hashes) or auth.existingSecret, from which the chart passes them to the gateway" .where) -}}
+{{- end -}}
+{{- if hasKey $auth "enabled" -}}
+{{- fail (printf "%s.auth.enabled: use auth.enabled" .where) -}}
+{{- end -}}
+{{- range $tier, $pool := ($cfg.tiers | default dict) -}}
+{{- if hasKey ($pool | default dict) "api_key" -}}
+{{- fail (printf "%s.tiers.%s.api_key: the engines' key comes from a Secret (vllm.apiKey)" $.where $tier) -}}
+{{- end -}}
+{{- end -}}
+{{- $jobs := $cfg.jobs | default dict -}}
+{{- if hasKey ($jobs.worker | default dict) "api_key" -}}
+{{- fail (printf "%s.jobs.worker.api_key: the workers' key comes from the auth Secret" .where) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway's settings file: what the chart derives, gateway.config over it, then the
+settings the chart's own manifests depend on. */}}
+{{- define "tiergate.gatewayConfig" -}}
+{{- $root := . -}}
+{{- $g := .Values.gateway -}}
+{{- include "tiergate.checkConfig" (dict "cfg" $g.config "where" "gateway.config") -}}
+{{- $window := sub (int $g.terminationGracePeriodSeconds) (int $g.preStopSeconds) -}}
+{{- $base := include "tiergate.gatewayBase" . | fromYaml -}}
+{{- $cfg := mustMergeOverwrite $base (deepCopy ($g.config | default dict)) -}}
+{{- $enforced := dict "gateway" (dict "host" "0.0.0.0" "port" $g.port "metrics_port" $g.metricsPort) "auth" (dict "enabled" .Values.auth.enabled) -}}
+{{- $cfg = mustMergeOverwrite $cfg $enforced -}}
+{{- $grace := $cfg.gateway.shutdown_grace_seconds -}}
+{{- if gt (float64 $grace) (float64 $window) -}}
+{{- fail (printf "gateway.config.gateway.shutdown_grace_seconds (%v) must fit in terminationGracePeriodSeconds - preStopSeconds (%d)" $grace $window) -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "tiergate.gatewayBase" -}}
+{{- $root := . -}}
+{{- $g := .Values.gateway -}}
+gateway:
+  shutdown_grace_seconds: {{ max 0 (sub (sub (int $g.terminationGracePeriodSeconds) (int $g.preStopSeconds)) 5) }}
+tiers:
+{{- range $tier := list "standard" "fast" }}
+{{- $cfg := index $root.Values.vllm.tiers $tier }}
+  {{ $tier }}:
+  {{- if $cfg.enabled }}
+    dns:
+      name: {{ include "tiergate.vllmHeadless" (dict "root" $root "tier" $tier) }}.{{ $root.Release.Namespace }}.svc.cluster.local
+      port: {{ $root.Values.vllm.port }}
+      refresh_seconds: {{ $g.dnsRefreshSeconds }}
+  {{- else }}
+    endpoints: []
+  {{- end }}
+{{- end }}
+{{- if eq (include "tiergate.redisSource" .) "url" }}
+limits:
+  redis_url: {{ .Values.limits.redisUrl | quote }}
+{{- end }}
+{{- if .Values.jobs.enabled }}
+jobs:
+  {{- include "tiergate.jobsConfig" . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The workers' settings file. */}}
+{{- define "tiergate.workerConfig" -}}
+{{- $w := .Values.jobs.worker -}}
+{{- include "tiergate.checkConfig" (dict "cfg" $w.config "where" "jobs.worker.config") -}}
+{{- $base := include "tiergate.workerBase" . | fromYaml -}}
+{{- $cfg := mustMergeOverwrite $base (deepCopy ($w.config | default dict)) -}}
+{{- $cfg = mustMergeOverwrite $cfg (dict "jobs" (dict "enabled" true "worker" (dict "metrics_port" $w.metrics.port))) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "tiergate.workerBase" -}}
+{{- $w := .Values.jobs.worker -}}
+jobs:
+  {{- include "tiergate.jobsConfig" . | nindent 2 }}
+  worker:
+    concurrency: {{ $w.concurrency }}
+    drain_seconds: {{ $w.drainSeconds }}
+  sandbox:
+    allow_unlimited: {{ $w.allowUnlimitedSandbox }}
+{{- end -}}
+
+{{/* The tuner's settings file (the tuning Job and the fast tier's gate read the same). */}}
+{{- define "tiergate.tuningConfig" -}}
+{{- $t := .Values.tuning -}}
+{{- include "tiergate.checkConfig" (dict "cfg" $t.config "where" "tuning.config") -}}
+{{- $base := include "tiergate.tuningBase" . | fromYaml -}}
+{{- $cfg := mustMergeOverwrite $base (deepCopy ($t.config | default dict)) -}}
+{{- $decision := printf "%s/tier-decision.json" (include "tiergate.decisionDir" .) -}}
+{{- $cfg = mustMergeOverwrite $cfg (dict "tuning" (dict "decision_file" $decision)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "tiergate.tuningBase" -}}
+{{- $root := . -}}
+{{- $t := .Values.tuning -}}
+{{- $standard := .Values.vllm.tiers.standard -}}
+profiles:
+{{- range $i, $tier := list "standard" "fast" }}
+{{- $cfg := index $root.Values.vllm.tiers $tier }}
+  {{ $tier }}:
+    model: {{ $standard.model | quote }}
+    {{- if eq $tier "fast" }}
+    tuned: true
+    {{- end }}
+    served_model_name: {{ $root.Values.vllm.servedModelName | quote }}
+    host: 127.0.0.1
+    port: {{ add 8101 $i }}
+    dtype: {{ $cfg.dtype | quote }}
+    max_model_len: {{ $cfg.maxModelLen | default "null" }}
+    enforce_eager: {{ $t.enforceEager }}
+    cpu_cores: {{ index $t.cpuCores $tier | quote }}
+    extra_args: {{ concat $t.engineExtraArgs $cfg.extraArgs | toJson }}
+{{- end }}
+tuning:
+  budget_seconds: {{ $t.budgetSeconds }}
+{{- end -}}
+
+{{/* Environment the gateway and the workers share for jobs: Kafka's SASL credentials and
+static object-storage keys, each only when configured. */}}
+{{- define "tiergate.jobsEnv" -}}
+{{- $sec := .Values.jobs.kafka.security -}}
+{{- if hasPrefix "SASL_" $sec.protocol }}
+- name: TIERGATE_JOBS__KAFKA__SASL_USERNAME
+  valueFrom: {secretKeyRef: {name: {{ $sec.existingSecret }}, key: {{ $sec.usernameKey }}}}
+- name: TIERGATE_JOBS__KAFKA__SASL_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ $sec.existingSecret }}, key: {{ $sec.passwordKey }}}}
+{{- end }}
+{{- if include "tiergate.storageStatic" . }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom: {secretKeyRef: {name: {{ include "tiergate.storageSecret" . }}, key: AWS_ACCESS_KEY_ID}}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom: {secretKeyRef: {name: {{ include "tiergate.storageSecret" . }}, key: AWS_SECRET_ACCESS_KEY}}
+{{- end }}
+{{- end -}}
+
+{{- define "tiergate.kafkaCaVolume" -}}
+{{- $sec := .Values.jobs.kafka.security -}}
+{{- if and (ne $sec.protocol "PLAINTEXT") $sec.caKey }}
+- name: kafka-ca
+  secret:
+    secretName: {{ $sec.existingSecret }}
+    items: [{key: {{ $sec.caKey }}, path: ca.crt}]
+{{- end }}
+{{- end -}}
+
+{{- define "tiergate.kafkaCaMount" -}}
+{{- $sec := .Values.jobs.kafka.security -}}
+{{- if and (ne $sec.protocol "PLAINTEXT") $sec.caKey }}
+- {name: kafka-ca, mountPath: /etc/tiergate/kafka, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* Scheduling fields every pod spec takes the same way (.v: a component's values). */}}
+{{- define "tiergate.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
