@@ -15,6 +15,7 @@ bootstrap:
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m tiergate.chartschema --check
 
 typecheck:
 	$(BIN)/mypy
@@ -24,8 +25,8 @@ pytest:
 
 bench:
 	TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh
-	$(BIN)/pip install -q 'matplotlib>=3.8'
-	$(BIN)/tiergate bench gateway --out reports
+	$(BIN)/pip install -q 'matplotlib>=3.8' 'vllm-router==0.1.17' py-spy
+	$(BIN)/tiergate bench gateway --out reports --repeat 3 --workers 1,2
 	$(BIN)/tiergate bench limits --out reports
 	$(BIN)/tiergate tune --force > reports/tier-decision.md
 	@echo "tier benchmark: with 'make up' running, $(BIN)/tiergate bench tiers --out reports"

@@ -11,8 +11,9 @@ VENV=.venv
 STAMP=$VENV/.tiergate-installed
 WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 
-apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap)
-[ "${TIERGATE_BENCH_TOOLS:-0}" = 1 ] && apt_packages+=(nginx-light wrk)
+# nginx-light and wrk: the gateway benchmark (`make bench`) and its smoke test, which
+# `make test` runs and which fails, rather than skips, without them.
+apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap nginx-light wrk)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -45,6 +46,17 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "$WANT" > "$STAMP"
 else
   say "$VENV is up to date"
+fi
+
+# The gateway benchmark's reference proxy (Rust, from PyPI; a benchmark tool, not a
+# dependency of the gateway); `make test` runs the benchmark's smoke test, so always here.
+if [ ! -x "$VENV/bin/vllm-router" ]; then
+  say "pip: installing vllm-router (the gateway benchmark's reference proxy)"
+  "$VENV/bin/pip" install --progress-bar off -q vllm-router==0.1.17 >&2
+fi
+if [ "${TIERGATE_BENCH_TOOLS:-0}" = 1 ] && [ ! -x "$VENV/bin/py-spy" ]; then
+  say "pip: installing py-spy (profiling the gateway under the benchmark's load)"
+  "$VENV/bin/pip" install --progress-bar off -q py-spy >&2
 fi
 
 say "the quantization environment (.venv-quant, llm-compressor)"

@@ -44,6 +44,14 @@ def _settings() -> Settings:
 def serve(
     host: Annotated[str | None, typer.Option(help="Override gateway.host")] = None,
     port: Annotated[int | None, typer.Option(help="Override gateway.port")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Gateway processes sharing the port (uvicorn workers); /metrics then adds "
+            "up every process's counters (Prometheus multiprocess mode)",
+        ),
+    ] = 1,
 ) -> None:
     """Run the gateway."""
     import uvicorn
@@ -67,12 +75,17 @@ def serve(
         raise typer.Exit(2) from None
     settings = settings.model_copy(update={"gateway": gateway})
     configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=gateway.host,
-        port=gateway.port,
-        **uvicorn_options(gateway),
-    )
+    if workers == 1:
+        uvicorn.run(
+            create_app(settings),
+            host=gateway.host,
+            port=gateway.port,
+            **uvicorn_options(gateway),
+        )
+        return
+    from tiergate.gateway.workers import serve_workers
+
+    serve_workers(settings, workers)
 
 
 @app.command()
@@ -211,11 +224,19 @@ def up(
 def bench_gateway(
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
     duration: Annotated[float, typer.Option(help="Seconds per measurement")] = 10.0,
+    repeat: Annotated[int, typer.Option(help="Runs; the report gives each figure's median")] = 3,
+    workers: Annotated[
+        str, typer.Option(help="tiergate process counts to measure, comma-separated")
+    ] = "1",
 ) -> None:
-    """Gateway overhead and throughput against a zero-cost fake backend."""
+    """Gateway overhead beside vllm-router and direct, against a zero-cost backend."""
     from tiergate.bench.gateway import run_gateway_benchmark
 
-    run_gateway_benchmark(out, duration)
+    counts = [int(w) for w in workers.split(",") if w.strip()]
+    if 1 not in counts or repeat < 1:
+        typer.echo("tiergate bench gateway: --workers must include 1; --repeat >= 1", err=True)
+        raise typer.Exit(2)
+    run_gateway_benchmark(out, duration, repeat=repeat, workers=counts)
 
 
 @bench_app.command("limits")

@@ -19,6 +19,8 @@ def test_defaults_keep_todays_behaviour() -> None:
     gateway = load_settings().gateway
     assert gateway.metrics_port is None and gateway.docs
     assert uvicorn_options(gateway) == {
+        "loop": "uvloop",
+        "http": "httptools",
         "timeout_graceful_shutdown": 30.0,
         "limit_concurrency": None,
         "timeout_keep_alive": 5.0,
@@ -36,6 +38,28 @@ def test_connection_settings_reach_uvicorn_config() -> None:
     assert config.limit_concurrency == 200
     assert config.timeout_keep_alive == 2.5
     assert config.timeout_graceful_shutdown == 110
+
+
+async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
+def test_event_loop_and_parser_are_uvloop_and_httptools() -> None:
+    """Named, not uvicorn's "auto": both load (they are dependencies), and a config built
+    from the options gets them rather than asyncio's loop and h11."""
+    import uvloop
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    config = uvicorn.Config(_noop_app, **uvicorn_options(load_settings().gateway))
+    config.load()
+    assert config.http_protocol_class is HttpToolsProtocol
+    factory = config.get_loop_factory()
+    assert factory is not None
+    loop = factory()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
 
 
 def test_serve_runs_uvicorn_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,8 +88,39 @@ def test_serve_runs_uvicorn_with_the_settings(monkeypatch: pytest.MonkeyPatch) -
     assert seen["limit_concurrency"] == 7
     assert seen["timeout_graceful_shutdown"] == 115
     assert seen["timeout_keep_alive"] == 5
+    # One process by default: the app object itself, no workers, no multiprocess metrics.
+    assert "workers" not in seen and "factory" not in seen
     clash = CliRunner().invoke(cli.app, ["serve", "--port", "9124"])
     assert clash.exit_code == 2 and "metrics_port" in clash.output
+
+
+def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    seen: dict[str, Any] = {}
+
+    def fake_run(app: object, **kwargs: Any) -> None:
+        seen.update(kwargs, app=app, folder=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        seen["folder_existed"] = os.path.isdir(seen["folder"] or "")
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr("tiergate.gateway.logs.configure_logging", lambda level: None)
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "TIERGATE_SERVE_HOST", "TIERGATE_SERVE_PORT"):
+        # Recorded, so that what `serve --workers` sets is undone after the test ("" is unset).
+        monkeypatch.setenv(name, "")
+    result = CliRunner().invoke(cli.app, ["serve", "--port", "9125", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert seen["app"] == "tiergate.gateway.workers:worker_app" and seen["factory"] is True
+    assert (seen["workers"], seen["port"]) == (2, 9125)
+    assert seen["loop"] == "uvloop" and seen["http"] == "httptools"
+    # A folder of its own for the metrics files, removed when the server stops.
+    assert seen["folder_existed"] and not os.path.exists(seen["folder"])
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == seen["folder"]  # for the workers
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    bad = CliRunner().invoke(cli.app, ["serve", "--workers", "0"])
+    assert bad.exit_code == 2
 
 
 @pytest.mark.parametrize(
@@ -110,3 +165,64 @@ def test_client_request_id_echoed_only_when_short_and_printable(
     value: str | None, echoed: str | None
 ) -> None:
     assert client_request_id(value) == echoed
+
+
+async def _deadline_run(app: Any, messages: list[tuple[float, dict[str, Any]]]) -> list[str]:
+    """Run ``app`` under a 0.1 s BodyReadDeadline, the client's messages arriving after
+    the given delays; returns what happened, in order."""
+    import asyncio
+
+    from tiergate.gateway.errors import OpenAIError
+    from tiergate.gateway.serving import BodyReadDeadline
+
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        if not queue:
+            await asyncio.sleep(3600)
+        delay, message = queue.pop(0)
+        await asyncio.sleep(delay)
+        return message
+
+    async def send(message: Any) -> None:
+        return None
+
+    seen: list[str] = []
+    try:
+        await BodyReadDeadline(app(seen), 0.1)({"type": "http"}, receive, send)
+    except OpenAIError as err:
+        seen.append(f"{err.status}")
+    return seen
+
+
+async def test_body_read_deadline_bounds_only_the_body() -> None:
+    import asyncio
+
+    def reader(seen: list[str]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            while True:
+                message = await receive()
+                seen.append("part")
+                if not message.get("more_body"):
+                    break
+            await asyncio.sleep(0.2)  # past the deadline once the body is in: no 408
+            seen.append("done")
+
+        return app
+
+    part = {"type": "http.request", "body": b"x", "more_body": True}
+    last = {"type": "http.request", "body": b"x", "more_body": False}
+    # In parts within the deadline, then slow work: served.
+    assert await _deadline_run(reader, [(0.0, part), (0.03, last)]) == ["part", "part", "done"]
+    # The rest of the body never comes: 408 from the waiting receive.
+    assert await _deadline_run(reader, [(0.0, part)]) == ["part", "408"]
+
+    def busy_then_read(seen: list[str]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await asyncio.sleep(0.2)  # other work past the deadline is not interrupted
+            seen.append("worked")
+            await receive()
+
+        return app
+
+    assert await _deadline_run(busy_then_read, [(0.0, last)]) == ["worked", "408"]

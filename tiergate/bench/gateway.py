@@ -1,12 +1,20 @@
-"""Gateway overhead and throughput, direct versus through the gateway.
+"""Gateway overhead and throughput: direct, through vllm-router, through tiergate, in one run.
 
-The gateway runs as one process pinned to core 0; the zero-cost backends (nginx for plain
-responses, ZeroCostFakeBackend for streams) and the load generators share core 1. Three
-measurements, each direct and through the gateway:
+Each proxy runs pinned to core 0 (tiergate with ``--workers 2`` gets cores 0 and 1, which it
+then shares with the load); the zero-cost backends (nginx for plain responses,
+ZeroCostFakeBackend for streams) and the load generators share core 1. vllm-router (PyPI
+``vllm-router``, Rust) is the reference proxy: absolute figures move between machines by
+2x, so tiergate is judged by its ratio to it in the same run. Measured for every system:
 
-1. latency at a fixed 200 requests/s (open loop), non-streaming: p50 and p99 added;
-2. saturation throughput with wrk (32 connections), non-streaming;
-3. streams of 20 chunks 10 ms apart: how late each chunk arrives through the gateway.
+1. saturation throughput with wrk (32 connections), non-streaming;
+2. latency at a fixed 60 requests/s (open loop), non-streaming: p50 and p99;
+3. one request at a time (keep-alive, 200 sequential requests): p50 and p99; for tiergate
+   also its own ``x-tiergate-overhead-ms``, next to what the client sees it add;
+4. streams of 20 chunks 10 ms apart: time to first chunk and how late each later chunk is.
+
+``repeat`` runs the whole set that many times against the same processes; the report gives
+each figure's median over the runs and every run's figures, and flags a run whose direct
+saturation differs from the median by more than 15% (the machine was busy).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +112,42 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+FIXED_RATE = 60.0
+SEQUENTIAL_REQUESTS = 200
+DISTURBED_SPREAD = 0.15
+OVERHEAD_HEADER = "x-tiergate-overhead-ms"
+INSTALL_HINT = (
+    "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
+    "(or apt-get install -y nginx-light wrk; .venv/bin/pip install vllm-router)"
+)
+
+
+def find_vllm_router() -> str:
+    """The vllm-router executable (a benchmark tool, not a dependency of the gateway)."""
+    beside = Path(sys.executable).parent / "vllm-router"
+    found = str(beside) if beside.exists() else shutil.which("vllm-router")
+    if found is None:
+        raise SystemExit(f"the benchmark needs vllm-router (PyPI vllm-router): {INSTALL_HINT}")
+    return found
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 async def _fixed_rate(url: str, rate: float, duration: float) -> list[float]:
     """Open-loop load: a request every 1/rate seconds, whatever the answers do."""
     latencies: list[float] = []
@@ -124,7 +169,7 @@ async def _fixed_rate(url: str, rate: float, duration: float) -> list[float]:
         latencies.clear()
         tasks = []
         start = time.perf_counter()
-        total = int(rate * duration)
+        total = max(1, int(rate * duration))
         for i in range(total):
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
@@ -132,6 +177,30 @@ async def _fixed_rate(url: str, rate: float, duration: float) -> list[float]:
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
     return latencies
+
+
+async def _sequential(url: str, requests: int) -> dict[str, list[float]]:
+    """One request at a time on one keep-alive connection; the gateway's own overhead
+    header too, where the answer has one."""
+    latencies: list[float] = []
+    reported: list[float] = []
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for i in range(requests + 20):
+            started = time.perf_counter()
+            async with session.post(
+                url, data=CHAT_BODY, headers={"content-type": "application/json"}
+            ) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {resp.status}")
+                header = resp.headers.get(OVERHEAD_HEADER)
+            if i < 20:  # warm-up
+                continue
+            latencies.append((time.perf_counter() - started) * 1000.0)
+            if header is not None:
+                reported.append(float(header))
+    return {"latency_ms": latencies, "reported_overhead_ms": reported}
 
 
 async def _stream_lateness(url: str, requests: int) -> dict[str, list[float]]:
@@ -146,6 +215,8 @@ async def _stream_lateness(url: str, requests: int) -> dict[str, list[float]]:
             started = time.perf_counter()
             arrivals: list[float] = []
             async with session.post(url, json=body) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {resp.status}")
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     now = time.perf_counter()
@@ -154,6 +225,8 @@ async def _stream_lateness(url: str, requests: int) -> dict[str, list[float]]:
                         event, buffer = buffer.split(b"\n\n", 1)
                         if b'"delta"' in event:
                             arrivals.append(now)
+            if not arrivals:
+                raise RuntimeError(f"{url}: a stream without chunks")
             ttfb.append((arrivals[0] - started) * 1000.0)
             for k, at in enumerate(arrivals[1:], start=1):
                 late.append((at - arrivals[0]) * 1000.0 - k * STREAM_GAP_MS)
@@ -175,7 +248,7 @@ def _wrk(url: str, workdir: Path, duration: float) -> dict[str, float]:
             "wrk",
             "-t1",
             "-c32",
-            f"-d{int(duration)}s",
+            f"-d{max(1, round(duration))}s",
             "--latency",
             "-s",
             str(script),
@@ -202,199 +275,372 @@ def _to_ms(text: str) -> float:
 
 
 def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p99": 0.0, "n": 0}
     return {"p50": statistics.median(values), "p99": _percentile(values, 0.99), "n": len(values)}
 
 
-def run_gateway_benchmark(out: Path, duration: float) -> dict[str, Any]:
+class _Processes:
+    """The backends and proxies a run starts; stopped (and their logs shown on failure) by
+    the caller."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(
+        self, name: str, cores: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> None:
+        with (self.workdir / f"{name}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                ["taskset", "-c", cores, *argv], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.procs.append((name, proc))
+
+    def report_failure(self) -> None:
+        for name, proc in self.procs:
+            path = self.workdir / f"{name}.log"
+            tail = path.read_text(errors="replace")[-1500:] if path.exists() else ""
+            _say(f"{name} (exit code {proc.poll()}) log ends with:\n{tail}")
+
+    def stop(self) -> None:
+        for _, proc in self.procs:
+            proc.terminate()
+        for _, proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _gateway_env(nginx_port: int, stream_port: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "TIERGATE_TIERS": json.dumps(
+                {
+                    "standard": {"endpoints": [f"http://127.0.0.1:{nginx_port}"]},
+                    "fast": {"endpoints": [f"http://127.0.0.1:{stream_port}"]},
+                }
+            ),
+            "TIERGATE_GATEWAY__PORT": str(port),
+        }
+    )
+    env.pop("TIERGATE_CONFIG", None)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
+
+
+def _measure(
+    name: str, plain: str, stream: str, duration: float, streams: int, workdir: Path
+) -> dict[str, Any]:
+    _say(f"  {name}: saturation (wrk, 32 connections, {duration:g}s)")
+    sat = _wrk(plain, workdir, duration)
+    _say(f"  {name}:   {sat['rps']:.0f} req/s")
+    _say(f"  {name}: fixed {FIXED_RATE:g} req/s for {duration:g}s")
+    fixed = _summary(asyncio.run(_fixed_rate(plain, FIXED_RATE, duration)))
+    _say(f"  {name}: {SEQUENTIAL_REQUESTS} requests one at a time")
+    seq = asyncio.run(_sequential(plain, SEQUENTIAL_REQUESTS))
+    _say(f"  {name}: {streams} streams of {STREAM_CHUNKS} chunks {STREAM_GAP_MS:g} ms apart")
+    st = asyncio.run(_stream_lateness(stream, streams))
+    result: dict[str, Any] = {
+        "saturation": sat,
+        "fixed_rate_ms": fixed,
+        "sequential_ms": _summary(seq["latency_ms"]),
+        "stream_ttfb_ms": _summary(st["ttfb_ms"]),
+        "stream_chunk_lateness_ms": _summary(st["chunk_lateness_ms"]),
+    }
+    if seq["reported_overhead_ms"]:
+        result["reported_overhead_ms"] = _summary(seq["reported_overhead_ms"])
+    return result
+
+
+def _derive(run: dict[str, Any]) -> dict[str, Any]:
+    """Added latency against direct for every proxy, and tiergate's ratios."""
+    direct = run["direct"]
+    derived: dict[str, Any] = {}
+    for name, m in run.items():
+        if name == "direct":
+            continue
+        added = {
+            "fixed_rate_p50_ms": m["fixed_rate_ms"]["p50"] - direct["fixed_rate_ms"]["p50"],
+            "fixed_rate_p99_ms": m["fixed_rate_ms"]["p99"] - direct["fixed_rate_ms"]["p99"],
+            "sequential_p50_ms": m["sequential_ms"]["p50"] - direct["sequential_ms"]["p50"],
+            "sequential_p99_ms": m["sequential_ms"]["p99"] - direct["sequential_ms"]["p99"],
+            "stream_ttfb_p50_ms": m["stream_ttfb_ms"]["p50"] - direct["stream_ttfb_ms"]["p50"],
+            "stream_lateness_p50_ms": m["stream_chunk_lateness_ms"]["p50"]
+            - direct["stream_chunk_lateness_ms"]["p50"],
+            "stream_lateness_p99_ms": m["stream_chunk_lateness_ms"]["p99"]
+            - direct["stream_chunk_lateness_ms"]["p99"],
+        }
+        entry: dict[str, Any] = {
+            "added": added,
+            "saturation_vs_direct": m["saturation"]["rps"] / direct["saturation"]["rps"],
+        }
+        if name != "vllm-router":
+            entry["saturation_vs_vllm_router"] = (
+                m["saturation"]["rps"] / run["vllm-router"]["saturation"]["rps"]
+            )
+        if "reported_overhead_ms" in m:
+            entry["reported_overhead_p50_ms"] = m["reported_overhead_ms"]["p50"]
+            entry["client_added_p50_ms"] = added["sequential_p50_ms"]
+        derived[name] = entry
+    return derived
+
+
+def _median_tree(trees: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric leaf's median over the runs (the trees have the same shape)."""
+    out: dict[str, Any] = {}
+    for key, value in trees[0].items():
+        if isinstance(value, dict):
+            out[key] = _median_tree([t[key] for t in trees])
+        elif isinstance(value, int | float):
+            out[key] = statistics.median(float(t[key]) for t in trees)
+        else:
+            out[key] = value
+    return out
+
+
+def _disturbed(runs: Sequence[dict[str, Any]]) -> list[int]:
+    """Runs (1-based) whose direct saturation is off the median by more than 15%."""
+    rates = [r["systems"]["direct"]["saturation"]["rps"] for r in runs]
+    mid = statistics.median(rates)
+    return [i + 1 for i, rps in enumerate(rates) if abs(rps - mid) > DISTURBED_SPREAD * mid]
+
+
+def run_gateway_benchmark(
+    out: Path,
+    duration: float,
+    *,
+    repeat: int = 1,
+    workers: Sequence[int] = (1,),
+    streams: int | None = None,
+    progress: Callable[[str], None] = _say,
+) -> dict[str, Any]:
+    """Run the side-by-side benchmark ``repeat`` times; write reports/gateway-bench.{md,json}
+    and return the report (medians over the runs, and each run)."""
     for tool in ("nginx", "wrk", "taskset"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"the benchmark needs {tool}: apt-get install -y nginx-light wrk")
+            raise SystemExit(f"the benchmark needs {tool}: {INSTALL_HINT}")
+    router = find_vllm_router()
     if (os.cpu_count() or 1) < 2:
-        raise SystemExit("the benchmark pins the gateway and the load to separate cores")
+        raise SystemExit("the benchmark pins the proxies and the load to separate cores")
+    n_streams = streams if streams is not None else max(5, int(10 * duration))
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
-    nginx_port, stream_port, gw_port = free_ports(3)
-    procs: list[subprocess.Popen[bytes]] = []
+    ports = free_ports(6 + len(workers))
+    nginx_port, stream_port, router_port, router_stream_port = ports[:4]
+    router_metrics = ports[4:6]
+    gateway_ports = dict(zip(workers, ports[6:], strict=True))
+    procs = _Processes(workdir)
+    affinity = os.sched_getaffinity(0)
+    runs: list[dict[str, Any]] = []
+    cpu = cpu_model()
     try:
-        _say("starting nginx and the streaming fake on core 1")
-        procs.append(
-            subprocess.Popen(
+        progress(f"CPU: {cpu}; starting nginx and the streaming fake on core 1")
+        conf = _nginx_conf(workdir, nginx_port)
+        procs.start("nginx", "1", ["nginx", "-c", str(conf), "-p", str(workdir)])
+        procs.start(
+            "fake",
+            "1",
+            [
+                sys.executable,
+                "-m",
+                "tiergate.bench.fake_backend",
+                str(stream_port),
+                str(STREAM_CHUNKS),
+                str(STREAM_GAP_MS),
+            ],
+        )
+        progress("starting vllm-router (one for nginx, one for the streaming fake) on core 0")
+        for name, port, backend, metrics_port in (
+            ("vllm-router", router_port, nginx_port, router_metrics[0]),
+            ("vllm-router-stream", router_stream_port, stream_port, router_metrics[1]),
+        ):
+            procs.start(
+                name,
+                "0",
                 [
-                    "taskset",
-                    "-c",
-                    "1",
-                    "nginx",
-                    "-c",
-                    str(_nginx_conf(workdir, nginx_port)),
-                    "-p",
-                    str(workdir),
-                ]
+                    router,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--worker-urls",
+                    f"http://127.0.0.1:{backend}",
+                    "--log-level",
+                    "warning",
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    str(metrics_port),
+                ],
             )
-        )
-        with (workdir / "fake.log").open("wb") as fake_log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "taskset",
-                        "-c",
-                        "1",
-                        sys.executable,
-                        "-m",
-                        "tiergate.bench.fake_backend",
-                        str(stream_port),
-                        str(STREAM_CHUNKS),
-                        str(STREAM_GAP_MS),
-                    ],
-                    stdout=fake_log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        env = dict(os.environ)
-        env.update(
-            {
-                "TIERGATE_TIERS": json.dumps(
-                    {
-                        "standard": {"endpoints": [f"http://127.0.0.1:{nginx_port}"]},
-                        "fast": {"endpoints": [f"http://127.0.0.1:{stream_port}"]},
-                    }
-                ),
-                "TIERGATE_GATEWAY__PORT": str(gw_port),
-            }
-        )
-        env.pop("TIERGATE_CONFIG", None)
-        _say("starting the gateway pinned to core 0 (request logs to a file)")
-        with (workdir / "gateway.log").open("wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    ["taskset", "-c", "0", sys.executable, "-m", "tiergate", "serve"],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+        for n, port in gateway_ports.items():
+            cores = "0" if n == 1 else ",".join(str(c) for c in range(min(n, os.cpu_count() or 1)))
+            progress(f"starting tiergate serve --workers {n} on core(s) {cores}")
+            procs.start(
+                f"tiergate-{n}",
+                cores,
+                [sys.executable, "-m", "tiergate", "serve", "--workers", str(n)]
+                if n != 1
+                else [sys.executable, "-m", "tiergate", "serve"],
+                env=_gateway_env(nginx_port, stream_port, port),
             )
         _wait(f"http://127.0.0.1:{nginx_port}/health")
         _wait(f"http://127.0.0.1:{stream_port}/health")
-        _wait(f"http://127.0.0.1:{gw_port}/readyz")
+        _wait(f"http://127.0.0.1:{router_port}/health")
+        _wait(f"http://127.0.0.1:{router_stream_port}/health")
+        for port in gateway_ports.values():
+            _wait(f"http://127.0.0.1:{port}/readyz")
         os.sched_setaffinity(0, {1})
-        direct = f"http://127.0.0.1:{nginx_port}/v1/chat/completions"
-        through = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-        results: dict[str, Any] = {"duration_s": duration}
 
-        _say(f"1/3 fixed 200 req/s for {duration:g}s, direct then through the gateway")
-        lat_direct = asyncio.run(_fixed_rate(direct, 200, duration))
-        lat_gw = asyncio.run(_fixed_rate(through, 200, duration))
-        d, g = _summary(lat_direct), _summary(lat_gw)
-        results["fixed_rate_200"] = {
-            "direct_ms": d,
-            "gateway_ms": g,
-            "added_p50_ms": g["p50"] - d["p50"],
-            "added_p99_ms": g["p99"] - d["p99"],
-        }
-        _say(f"    added p50 {g['p50'] - d['p50']:.3f} ms, p99 {g['p99'] - d['p99']:.3f} ms")
+        def url(port: int) -> str:
+            return f"http://127.0.0.1:{port}/v1/chat/completions"
 
-        _say(f"2/3 saturation with wrk, 32 connections, {duration:g}s each")
-        results["saturation"] = {
-            "direct": _wrk(direct, workdir, duration),
-            "gateway": _wrk(through, workdir, duration),
-        }
-        _say(
-            f"    gateway {results['saturation']['gateway']['rps']:.0f} req/s "
-            f"(direct {results['saturation']['direct']['rps']:.0f})"
-        )
-
-        _say(f"3/3 streams of {STREAM_CHUNKS} chunks {STREAM_GAP_MS:g} ms apart")
-        s_direct = asyncio.run(
-            _stream_lateness(f"http://127.0.0.1:{stream_port}/v1/chat/completions", 100)
-        )
-        s_gw = asyncio.run(_stream_lateness(f"http://127.0.0.1:{gw_port}/v1/chat/completions", 100))
-        results["streaming"] = {
-            "direct": {k: _summary(v) for k, v in s_direct.items()},
-            "gateway": {k: _summary(v) for k, v in s_gw.items()},
-        }
-        st = results["streaming"]
-        _say(
-            f"    chunk lateness p50 direct {st['direct']['chunk_lateness_ms']['p50']:.3f} ms, "
-            f"gateway {st['gateway']['chunk_lateness_ms']['p50']:.3f} ms"
-        )
+        systems: list[tuple[str, str, str]] = [
+            ("direct", url(nginx_port), url(stream_port)),
+            ("vllm-router", url(router_port), url(router_stream_port)),
+        ]
+        for n, port in gateway_ports.items():
+            name = "tiergate" if n == 1 else f"tiergate-{n}proc"
+            systems.append((name, url(port), url(port)))
+        for i in range(repeat):
+            progress(f"run {i + 1}/{repeat}")
+            measured = {
+                name: _measure(name, plain, stream, duration, n_streams, workdir)
+                for name, plain, stream in systems
+            }
+            runs.append({"systems": measured, "derived": _derive(measured)})
+            d = runs[-1]["derived"]["tiergate"]
+            progress(
+                f"run {i + 1}: tiergate/vllm-router saturation "
+                f"{d['saturation_vs_vllm_router']:.3f}, added p50 at {FIXED_RATE:g} req/s "
+                f"{d['added']['fixed_rate_p50_ms']:.3f} ms"
+            )
     except BaseException:
-        for name in ("gateway.log", "fake.log"):
-            tail = (workdir / name).read_text(errors="replace")[-2000:]
-            _say(f"failed; {name} ends with:\n{tail}")
-        _say("exit codes: " + ", ".join(str(p.poll()) for p in procs))
+        procs.report_failure()
         raise
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        procs.stop()
+        os.sched_setaffinity(0, affinity)
         shutil.rmtree(workdir, ignore_errors=True)
-    (out / "gateway-bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "gateway-bench.md").write_text(render_markdown(results))
-    print(render_markdown(results))
-    return results
+    report: dict[str, Any] = {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "duration_s": duration,
+        "repeat": repeat,
+        "workers": list(workers),
+        "streams": n_streams,
+        "fixed_rate_rps": FIXED_RATE,
+        "command": _command(duration, repeat, workers),
+        "median": _median_tree(runs),
+        "disturbed_runs": _disturbed(runs),
+        "runs": runs,
+    }
+    (out / "gateway-bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    markdown = render_markdown(report)
+    (out / "gateway-bench.md").write_text(markdown)
+    print(markdown)
+    return report
 
 
-def _row(label: str, direct: float, gateway: float, digits: int = 3, added: bool = True) -> str:
-    diff = f"{gateway - direct:.{digits}f}" if added else ""
-    return f"| {label} | {direct:.{digits}f} | {gateway:.{digits}f} | {diff} |"
+def _command(duration: float, repeat: int, workers: Sequence[int]) -> str:
+    return (
+        f"tiergate bench gateway --duration {duration:g} --repeat {repeat} "
+        f"--workers {','.join(str(w) for w in workers)}"
+    )
 
 
 def render_markdown(r: dict[str, Any]) -> str:
-    f = r["fixed_rate_200"]
-    s = r["saturation"]
-    sd, sg = r["streaming"]["direct"], r["streaming"]["gateway"]
-    return "\n".join(
-        [
-            "# Gateway overhead (one gateway process pinned to one core, zero-cost backend)",
-            "",
-            f"Command: `tiergate bench gateway --duration {r['duration_s']:g}`",
-            "",
-            "| measurement | direct | through gateway | added |",
-            "|---|---|---|---|",
-            _row(
-                "non-streaming at 200 req/s, p50 latency (ms)",
-                f["direct_ms"]["p50"],
-                f["gateway_ms"]["p50"],
-            ),
-            _row(
-                "non-streaming at 200 req/s, p99 latency (ms)",
-                f["direct_ms"]["p99"],
-                f["gateway_ms"]["p99"],
-            ),
-            _row(
-                "non-streaming saturation, req/s (wrk, 32 connections)",
-                s["direct"]["rps"],
-                s["gateway"]["rps"],
-                0,
-                added=False,
-            ),
-            _row(
-                "non-streaming saturation, p50 latency (ms)",
-                s["direct"]["p50_ms"],
-                s["gateway"]["p50_ms"],
-                2,
-            ),
-            _row(
-                "non-streaming saturation, p99 latency (ms)",
-                s["direct"]["p99_ms"],
-                s["gateway"]["p99_ms"],
-                2,
-            ),
-            _row(
-                "streaming: time to first chunk, p50 (ms)",
-                sd["ttfb_ms"]["p50"],
-                sg["ttfb_ms"]["p50"],
-            ),
-            _row(
-                "streaming: chunk lateness against schedule, p50 (ms)",
-                sd["chunk_lateness_ms"]["p50"],
-                sg["chunk_lateness_ms"]["p50"],
-            ),
-            _row(
-                "streaming: chunk lateness against schedule, p99 (ms)",
-                sd["chunk_lateness_ms"]["p99"],
-                sg["chunk_lateness_ms"]["p99"],
-            ),
+    med = r["median"]
+    systems: dict[str, Any] = med["systems"]
+    derived: dict[str, Any] = med["derived"]
+    names = list(systems)
+    rate = f"{r['fixed_rate_rps']:g}"
+
+    def row(label: str, values: list[str]) -> str:
+        return f"| {label} | " + " | ".join(values) + " |"
+
+    def col(get: Callable[[str], float], digits: int = 3, skip_direct: bool = False) -> list[str]:
+        return ["" if skip_direct and n == "direct" else f"{get(n):.{digits}f}" for n in names]
+
+    def added(key: str) -> Callable[[str], float]:
+        return lambda n: float(derived[n]["added"][key])
+
+    lines = [
+        "# Gateway overhead beside vllm-router (zero-cost backend, same run)",
+        "",
+        f"CPU: {r['cpu_model']} ({r['cores']} cores). Command: `{r['command']}`. "
+        f"Figures are medians of {r['repeat']} run(s); each proxy on core 0 (tiergate with "
+        "more than one process on every core, shared with the load), backends and load on "
+        "core 1.",
+        "",
+        row("measurement", names),
+        row("---", ["---"] * len(names)),
+        row(
+            "saturation, req/s (wrk, 32 connections)",
+            col(lambda n: float(systems[n]["saturation"]["rps"]), 0),
+        ),
+        row(
+            "saturation vs direct",
+            col(lambda n: float(derived[n]["saturation_vs_direct"]), 3, True),
+        ),
+        row(
+            "saturation vs vllm-router",
+            [
+                f"{derived[n]['saturation_vs_vllm_router']:.3f}"
+                if n in derived and "saturation_vs_vllm_router" in derived[n]
+                else ""
+                for n in names
+            ],
+        ),
+        row(f"at {rate} req/s, p50 (ms)", col(lambda n: float(systems[n]["fixed_rate_ms"]["p50"]))),
+        row(f"at {rate} req/s, p99 (ms)", col(lambda n: float(systems[n]["fixed_rate_ms"]["p99"]))),
+        row(f"at {rate} req/s, added p50 (ms)", col(added("fixed_rate_p50_ms"), 3, True)),
+        row(f"at {rate} req/s, added p99 (ms)", col(added("fixed_rate_p99_ms"), 3, True)),
+        row("one at a time, p50 (ms)", col(lambda n: float(systems[n]["sequential_ms"]["p50"]))),
+        row("one at a time, added p50 (ms)", col(added("sequential_p50_ms"), 3, True)),
+        row("one at a time, added p99 (ms)", col(added("sequential_p99_ms"), 3, True)),
+        row(
+            "gateway's own x-tiergate-overhead-ms, p50",
+            [
+                f"{systems[n]['reported_overhead_ms']['p50']:.3f}"
+                if "reported_overhead_ms" in systems[n]
+                else ""
+                for n in names
+            ],
+        ),
+        row("streaming: first chunk, added p50 (ms)", col(added("stream_ttfb_p50_ms"), 3, True)),
+        row(
+            "streaming: chunk lateness, p50 (ms)",
+            col(lambda n: float(systems[n]["stream_chunk_lateness_ms"]["p50"])),
+        ),
+        row(
+            "streaming: chunk lateness, added p50 (ms)",
+            col(added("stream_lateness_p50_ms"), 3, True),
+        ),
+        row(
+            "streaming: chunk lateness, added p99 (ms)",
+            col(added("stream_lateness_p99_ms"), 3, True),
+        ),
+        "",
+    ]
+    if r["disturbed_runs"]:
+        lines += [
+            f"Disturbed: run(s) {r['disturbed_runs']} had a direct saturation more than "
+            f"{DISTURBED_SPREAD:.0%} off the median (something else ran on the machine).",
             "",
         ]
-    )
+    lines += [
+        f"Per run, saturation req/s ({' / '.join(names)}):",
+        "",
+        *(
+            f"- run {i + 1}: "
+            + " / ".join(f"{run['systems'][n]['saturation']['rps']:.0f}" for n in names)
+            for i, run in enumerate(r["runs"])
+        ),
+        "",
+    ]
+    return "\n".join(lines)

@@ -120,7 +120,8 @@ class Gatekeeper:
             self._metrics.admission_rejected.labels(tier.value).inc()
             err.headers = {**lease.headers, **err.headers}
             raise
-        self._metrics.queue_wait.labels(tier.value).observe(lease.ticket.waited_seconds)
+        m = self._metrics
+        m.child(m.queue_wait, tier.value).observe(lease.ticket.waited_seconds)
         return lease
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -73,5 +74,18 @@ class AccessLog:
             self._stream.flush()
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text
+
+
 def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+    """``datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")``, with the
+    date and time formatted once per second rather than once per request."""
+    frac, whole_f = math.modf(epoch)  # as datetime.fromtimestamp rounds it
+    micros = round(frac * 1e6)
+    whole = int(whole_f)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    if _second[0] != whole:
+        _second[0] = whole
+        _second[1] = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_second[1]}.{micros // 1000:03d}+00:00"

@@ -1,8 +1,19 @@
-"""The gateway's Prometheus metrics, on a registry of the app's own (no global state)."""
+"""The gateway's Prometheus metrics, on a registry of the app's own (no global state).
+
+With several worker processes (``tiergate serve --workers N``, ``PROMETHEUS_MULTIPROC_DIR``
+set before prometheus_client is imported) the counters and histograms live in that
+folder's files, and the registry scraped is a MultiProcessCollector over every process's
+files plus this process's own collectors (read at scrape time); see
+:mod:`tiergate.gateway.workers`.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from tiergate.backends.pool import TierPool
@@ -89,8 +100,16 @@ class GatewayMetrics:
     """Every metric the gateway exports; created once per app."""
 
     def __init__(self, pools: dict[Tier, TierPool]) -> None:
+        # ``registry`` is what /metrics serves and where collectors are registered; the
+        # metrics themselves are registered there too, except with several processes,
+        # where the MultiProcessCollector reads every process's values from the files.
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self.multiprocess = bool(folder)
+        if folder:
+            r = CollectorRegistry(auto_describe=True)
+            MultiProcessCollector(self.registry, folder)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "tiergate_requests_total",
             "Requests by served tier, model, endpoint path and status",
@@ -180,6 +199,19 @@ class GatewayMetrics:
             buckets=(*_OVERHEAD_BUCKETS, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
-        self.up = Gauge("tiergate_up", "1 while the gateway runs", registry=r)
+        self.up = Gauge(
+            "tiergate_up", "1 while the gateway runs", registry=r, multiprocess_mode="max"
+        )
         self.up.set(1)
-        r.register(_PoolCollector(pools))
+        self.registry.register(_PoolCollector(pools))
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: the hot path asks for the same few label
+        sets again and again, and ``labels()`` validates and locks each time. The label
+        values must come from a bounded set (as every label here does)."""
+        key = (id(metric), *values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found

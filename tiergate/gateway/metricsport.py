@@ -19,10 +19,15 @@ log = logging.getLogger("tiergate.gateway")
 class MetricsListener:
     """Serves ``GET /metrics`` from ``registry`` on ``host:port`` (port 0: a free one)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, *, reuse_port: bool = False
+    ) -> None:
         self._registry = registry
         self._host = host
         self._port = port
+        # With several worker processes each one listens (SO_REUSEPORT) and any of them
+        # answers a scrape with every process's counters.
+        self._reuse_port = reuse_port
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -31,7 +36,9 @@ class MetricsListener:
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        site = web.TCPSite(
+            runner, self._host, self._port, reuse_port=True if self._reuse_port else None
+        )
         try:
             await site.start()
         except BaseException:

@@ -45,20 +45,21 @@ class InspectedRequest:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit``
     (from Content-Length, or while reading a chunked body)."""
-    too_large = OpenAIError(
-        413, f"The request body exceeds {limit} bytes.", code="request_too_large"
-    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 import aiohttp
+from yarl import URL
 
 from tiergate.backends.endpoint import Endpoint
 from tiergate.backends.pool import TierPool
@@ -58,6 +59,8 @@ class UpstreamCaller:
     ) -> None:
         self._pools = pools
         self._session = session
+        # Parsed once per endpoint and path rather than on every request.
+        self._urls: dict[tuple[str, str], URL] = {}
         self._policy = policy
         self._metrics = metrics
         self._timeout = aiohttp.ClientTimeout(
@@ -123,9 +126,12 @@ class UpstreamCaller:
     ) -> aiohttp.ClientResponse | OpenAIError:
         ep.in_flight += 1
         try:
-            resp = await self._session.post(
-                ep.url + path, data=body, headers=headers, timeout=self._timeout
-            )
+            url = self._urls.get((ep.url, path))
+            if url is None:
+                if len(self._urls) > 4096:  # endpoints come and go with DNS
+                    self._urls.clear()
+                url = self._urls[(ep.url, path)] = URL(ep.url + path)
+            resp = await self._session.post(url, data=body, headers=headers, timeout=self._timeout)
         except asyncio.CancelledError:
             ep.in_flight -= 1
             raise
