@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -34,13 +33,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from tiergate.bench.gateway_report import DISTURBED_SPREAD, command_line, render_markdown
+from tiergate.bench.load import (
+    FIXED_RATE,
+    MODEL,
+    SEQUENTIAL_REQUESTS,
+    STREAM_CHUNKS,
+    STREAM_GAP_MS,
+    fixed_rate,
+    sequential,
+    stream_lateness,
+    summary,
+    wrk,
+)
 from tiergate.bench.ports import free_ports
 
-MODEL = "bench-model"
-CHAT_BODY = json.dumps(
-    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+INSTALL_HINT = (
+    "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
+    "(or apt-get install -y nginx-light wrk; .venv/bin/pip install vllm-router)"
 )
 COMPLETION = json.dumps(
     {
@@ -59,7 +69,6 @@ COMPLETION = json.dumps(
     }
 )
 MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1}]})
-STREAM_CHUNKS, STREAM_GAP_MS = 20, 10.0
 
 
 def _say(message: str) -> None:
@@ -107,21 +116,6 @@ def _wait(url: str, budget: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-FIXED_RATE = 60.0
-SEQUENTIAL_REQUESTS = 200
-DISTURBED_SPREAD = 0.15
-OVERHEAD_HEADER = "x-tiergate-overhead-ms"
-INSTALL_HINT = (
-    "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
-    "(or apt-get install -y nginx-light wrk; .venv/bin/pip install vllm-router)"
-)
-
-
 def find_vllm_router() -> str:
     """The vllm-router executable (a benchmark tool, not a dependency of the gateway)."""
     beside = Path(sys.executable).parent / "vllm-router"
@@ -146,138 +140,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown"
-
-
-async def _fixed_rate(url: str, rate: float, duration: float) -> list[float]:
-    """Open-loop load: a request every 1/rate seconds, whatever the answers do."""
-    latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=256)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def one() -> None:
-            started = time.perf_counter()
-            async with session.post(
-                url, data=CHAT_BODY, headers={"content-type": "application/json"}
-            ) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{url}: HTTP {resp.status}")
-            latencies.append((time.perf_counter() - started) * 1000.0)
-
-        for _ in range(50):  # warm the connection pools
-            await one()
-        latencies.clear()
-        tasks = []
-        start = time.perf_counter()
-        total = max(1, int(rate * duration))
-        for i in range(total):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
-    return latencies
-
-
-async def _sequential(url: str, requests: int) -> dict[str, list[float]]:
-    """One request at a time on one keep-alive connection; the gateway's own overhead
-    header too, where the answer has one."""
-    latencies: list[float] = []
-    reported: list[float] = []
-    connector = aiohttp.TCPConnector(limit=1)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for i in range(requests + 20):
-            started = time.perf_counter()
-            async with session.post(
-                url, data=CHAT_BODY, headers={"content-type": "application/json"}
-            ) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{url}: HTTP {resp.status}")
-                header = resp.headers.get(OVERHEAD_HEADER)
-            if i < 20:  # warm-up
-                continue
-            latencies.append((time.perf_counter() - started) * 1000.0)
-            if header is not None:
-                reported.append(float(header))
-    return {"latency_ms": latencies, "reported_overhead_ms": reported}
-
-
-async def _stream_lateness(url: str, requests: int) -> dict[str, list[float]]:
-    """Per stream: time to first chunk, and each later chunk's lateness against its
-    schedule (chunk k is due k * gap after the first)."""
-    ttfb: list[float] = []
-    late: list[float] = []
-    # The streaming fake serves the fast tier in this set-up.
-    body = json.loads(CHAT_BODY) | {"stream": True, "service_tier": "priority"}
-    async with aiohttp.ClientSession() as session:
-        for _ in range(requests):
-            started = time.perf_counter()
-            arrivals: list[float] = []
-            async with session.post(url, json=body) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"{url}: HTTP {resp.status}")
-                buffer = b""
-                async for chunk in resp.content.iter_any():
-                    now = time.perf_counter()
-                    buffer += chunk
-                    while b"\n\n" in buffer:
-                        event, buffer = buffer.split(b"\n\n", 1)
-                        if b'"delta"' in event:
-                            arrivals.append(now)
-            if not arrivals:
-                raise RuntimeError(f"{url}: a stream without chunks")
-            ttfb.append((arrivals[0] - started) * 1000.0)
-            for k, at in enumerate(arrivals[1:], start=1):
-                late.append((at - arrivals[0]) * 1000.0 - k * STREAM_GAP_MS)
-    return {"ttfb_ms": ttfb, "chunk_lateness_ms": late}
-
-
-def _wrk(url: str, workdir: Path, duration: float) -> dict[str, float]:
-    script = workdir / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\n'
-        f"wrk.body = {json.dumps(CHAT_BODY)}\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
-    )
-    out = subprocess.run(
-        [
-            "taskset",
-            "-c",
-            "1",
-            "wrk",
-            "-t1",
-            "-c32",
-            f"-d{max(1, round(duration))}s",
-            "--latency",
-            "-s",
-            str(script),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
-    return {
-        "rps": rps,
-        "non_2xx": float(non2xx.group(1)) if non2xx else 0.0,
-        "p50_ms": _to_ms(lat.get("50", "0ms")),
-        "p99_ms": _to_ms(lat.get("99", "0ms")),
-    }
-
-
-def _to_ms(text: str) -> float:
-    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p99": 0.0, "n": 0}
-    return {"p50": statistics.median(values), "p99": _percentile(values, 0.99), "n": len(values)}
 
 
 class _Processes:
@@ -336,23 +198,23 @@ def _measure(
     name: str, plain: str, stream: str, duration: float, streams: int, workdir: Path
 ) -> dict[str, Any]:
     _say(f"  {name}: saturation (wrk, 32 connections, {duration:g}s)")
-    sat = _wrk(plain, workdir, duration)
+    sat = wrk(plain, workdir, duration)
     _say(f"  {name}:   {sat['rps']:.0f} req/s")
     _say(f"  {name}: fixed {FIXED_RATE:g} req/s for {duration:g}s")
-    fixed = _summary(asyncio.run(_fixed_rate(plain, FIXED_RATE, duration)))
+    fixed = summary(asyncio.run(fixed_rate(plain, FIXED_RATE, duration)))
     _say(f"  {name}: {SEQUENTIAL_REQUESTS} requests one at a time")
-    seq = asyncio.run(_sequential(plain, SEQUENTIAL_REQUESTS))
+    seq = asyncio.run(sequential(plain, SEQUENTIAL_REQUESTS))
     _say(f"  {name}: {streams} streams of {STREAM_CHUNKS} chunks {STREAM_GAP_MS:g} ms apart")
-    st = asyncio.run(_stream_lateness(stream, streams))
+    st = asyncio.run(stream_lateness(stream, streams))
     result: dict[str, Any] = {
         "saturation": sat,
         "fixed_rate_ms": fixed,
-        "sequential_ms": _summary(seq["latency_ms"]),
-        "stream_ttfb_ms": _summary(st["ttfb_ms"]),
-        "stream_chunk_lateness_ms": _summary(st["chunk_lateness_ms"]),
+        "sequential_ms": summary(seq["latency_ms"]),
+        "stream_ttfb_ms": summary(st["ttfb_ms"]),
+        "stream_chunk_lateness_ms": summary(st["chunk_lateness_ms"]),
     }
     if seq["reported_overhead_ms"]:
-        result["reported_overhead_ms"] = _summary(seq["reported_overhead_ms"])
+        result["reported_overhead_ms"] = summary(seq["reported_overhead_ms"])
     return result
 
 
@@ -534,7 +396,7 @@ def run_gateway_benchmark(
         "workers": list(workers),
         "streams": n_streams,
         "fixed_rate_rps": FIXED_RATE,
-        "command": _command(duration, repeat, workers),
+        "command": command_line(duration, repeat, workers),
         "median": _median_tree(runs),
         "disturbed_runs": _disturbed(runs),
         "runs": runs,
@@ -544,103 +406,3 @@ def run_gateway_benchmark(
     (out / "gateway-bench.md").write_text(markdown)
     print(markdown)
     return report
-
-
-def _command(duration: float, repeat: int, workers: Sequence[int]) -> str:
-    return (
-        f"tiergate bench gateway --duration {duration:g} --repeat {repeat} "
-        f"--workers {','.join(str(w) for w in workers)}"
-    )
-
-
-def render_markdown(r: dict[str, Any]) -> str:
-    med = r["median"]
-    systems: dict[str, Any] = med["systems"]
-    derived: dict[str, Any] = med["derived"]
-    names = list(systems)
-    rate = f"{r['fixed_rate_rps']:g}"
-
-    def row(label: str, values: list[str]) -> str:
-        return f"| {label} | " + " | ".join(values) + " |"
-
-    def col(get: Callable[[str], float], digits: int = 3, skip_direct: bool = False) -> list[str]:
-        return ["" if skip_direct and n == "direct" else f"{get(n):.{digits}f}" for n in names]
-
-    def added(key: str) -> Callable[[str], float]:
-        return lambda n: float(derived[n]["added"][key])
-
-    lines = [
-        "# Gateway overhead beside vllm-router (zero-cost backend, same run)",
-        "",
-        f"CPU: {r['cpu_model']} ({r['cores']} cores). Command: `{r['command']}`. "
-        f"Figures are medians of {r['repeat']} run(s); each proxy on core 0 (tiergate with "
-        "more than one process on every core, shared with the load), backends and load on "
-        "core 1.",
-        "",
-        row("measurement", names),
-        row("---", ["---"] * len(names)),
-        row(
-            "saturation, req/s (wrk, 32 connections)",
-            col(lambda n: float(systems[n]["saturation"]["rps"]), 0),
-        ),
-        row(
-            "saturation vs direct",
-            col(lambda n: float(derived[n]["saturation_vs_direct"]), 3, True),
-        ),
-        row(
-            "saturation vs vllm-router",
-            [
-                f"{derived[n]['saturation_vs_vllm_router']:.3f}"
-                if n in derived and "saturation_vs_vllm_router" in derived[n]
-                else ""
-                for n in names
-            ],
-        ),
-        row(f"at {rate} req/s, p50 (ms)", col(lambda n: float(systems[n]["fixed_rate_ms"]["p50"]))),
-        row(f"at {rate} req/s, p99 (ms)", col(lambda n: float(systems[n]["fixed_rate_ms"]["p99"]))),
-        row(f"at {rate} req/s, added p50 (ms)", col(added("fixed_rate_p50_ms"), 3, True)),
-        row(f"at {rate} req/s, added p99 (ms)", col(added("fixed_rate_p99_ms"), 3, True)),
-        row("one at a time, p50 (ms)", col(lambda n: float(systems[n]["sequential_ms"]["p50"]))),
-        row("one at a time, added p50 (ms)", col(added("sequential_p50_ms"), 3, True)),
-        row("one at a time, added p99 (ms)", col(added("sequential_p99_ms"), 3, True)),
-        row(
-            "gateway's own x-tiergate-overhead-ms, p50",
-            [
-                f"{systems[n]['reported_overhead_ms']['p50']:.3f}"
-                if "reported_overhead_ms" in systems[n]
-                else ""
-                for n in names
-            ],
-        ),
-        row("streaming: first chunk, added p50 (ms)", col(added("stream_ttfb_p50_ms"), 3, True)),
-        row(
-            "streaming: chunk lateness, p50 (ms)",
-            col(lambda n: float(systems[n]["stream_chunk_lateness_ms"]["p50"])),
-        ),
-        row(
-            "streaming: chunk lateness, added p50 (ms)",
-            col(added("stream_lateness_p50_ms"), 3, True),
-        ),
-        row(
-            "streaming: chunk lateness, added p99 (ms)",
-            col(added("stream_lateness_p99_ms"), 3, True),
-        ),
-        "",
-    ]
-    if r["disturbed_runs"]:
-        lines += [
-            f"Disturbed: run(s) {r['disturbed_runs']} had a direct saturation more than "
-            f"{DISTURBED_SPREAD:.0%} off the median (something else ran on the machine).",
-            "",
-        ]
-    lines += [
-        f"Per run, saturation req/s ({' / '.join(names)}):",
-        "",
-        *(
-            f"- run {i + 1}: "
-            + " / ".join(f"{run['systems'][n]['saturation']['rps']:.0f}" for n in names)
-            for i, run in enumerate(r["runs"])
-        ),
-        "",
-    ]
-    return "\n".join(lines)

@@ -67,16 +67,20 @@ class Gatekeeper:
         limits = KeyLimits(requests_per_minute=key.limits.requests_per_minute)
         decision = await self.limiter.admit(caller.name, limits, 1, request_id)
         if not decision.allowed:
-            self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
-            raise OpenAIError(
-                429,
-                _limit_message(decision),
-                code="rate_limit_exceeded",
-                type_="rate_limit_error",
-                headers=decision.headers(),
-            )
+            raise self._refused(caller, decision, decision.headers())
         self.limiter.settle(caller.name, 0, request_id, decision.shared)
         return decision.headers()
+
+    def _refused(self, caller: Caller, decision: Decision, headers: dict[str, str]) -> OpenAIError:
+        """The 429 for a request over the key's limits (counted in the metrics)."""
+        self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
+        return OpenAIError(
+            429,
+            _limit_message(decision),
+            code="rate_limit_exceeded",
+            type_="rate_limit_error",
+            headers=headers,
+        )
 
     def choose_tier(self, caller: Caller, req: InspectedRequest) -> Tier:
         tier = req.choice.tier
@@ -103,14 +107,7 @@ class Gatekeeper:
             lease.decision = decision
             lease.headers = decision.headers()
             if not decision.allowed:
-                self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
-                raise OpenAIError(
-                    429,
-                    _limit_message(decision),
-                    code="rate_limit_exceeded",
-                    type_="rate_limit_error",
-                    headers=lease.headers,
-                )
+                raise self._refused(caller, decision, lease.headers)
         try:
             lease.ticket = await self.admission.admit(
                 tier, caller.priority, self.admission.is_long(estimate)
