@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,6 +20,13 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from tiergate.jobsettings import JobCaps as JobCaps
+from tiergate.jobsettings import JobsSettings as JobsSettings
+from tiergate.jobsettings import KafkaSettings as KafkaSettings
+from tiergate.jobsettings import SandboxSettings as SandboxSettings
+from tiergate.jobsettings import StorageSettings as StorageSettings
+from tiergate.jobsettings import WorkerSettings as WorkerSettings
+from tiergate.sectionbase import Section as _Section
 from tiergate.speculative.config import SpeculativeConfig
 from tiergate.tiers import Tier
 
@@ -30,10 +37,6 @@ def default_cache_dir() -> Path:
     """Where prepared models, logs and reports live (``TIERGATE_CACHE_DIR`` overrides)."""
     env = os.environ.get("TIERGATE_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "tiergate"
-
-
-class _Section(BaseModel):
-    model_config = {"extra": "forbid"}
 
 
 class DnsDiscovery(_Section):
@@ -316,128 +319,6 @@ class TierProfile(_Section):
     cpu_cores: str = "auto"
     speculative: SpeculativeConfig | None = None
     extra_args: list[str] = Field(default_factory=list)
-
-
-class KafkaSettings(_Section):
-    """The job pipeline's topics on a Kafka-protocol broker."""
-
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topic: str = "tiergate-jobs"
-    retry_topic: str = "tiergate-jobs-retry"
-    dead_letter_topic: str = "tiergate-jobs-dead"
-    group: str = "tiergate-workers"
-    partitions: int = Field(8, ge=1)
-    # A worker (re)joining pays about half of this before its first job (the broker holds
-    # the join); a dead worker's jobs move to another after it. Heartbeats run in a thread,
-    # so a long job does not lose its membership.
-    session_timeout_ms: int = Field(6000, ge=1000)
-    request_timeout_seconds: float = Field(5.0, gt=0)
-    # Copies of each partition when the topics are created (1 for one local broker).
-    replication_factor: int = Field(1, ge=1)
-    # Transport and identity for a production broker (kafka-python's names and values).
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = Field(None, repr=False)
-    ssl_cafile: str | None = None
-
-    def client_options(self) -> dict[str, Any]:
-        """The connection options every kafka-python client of the pipeline takes."""
-        options: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
-            "security_protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            options.update(
-                sasl_mechanism=self.sasl_mechanism,
-                sasl_plain_username=self.sasl_username,
-                sasl_plain_password=self.sasl_password,
-            )
-        if self.ssl_cafile:
-            options["ssl_cafile"] = self.ssl_cafile
-        return options
-
-
-class StorageSettings(_Section):
-    """S3-compatible object storage for job state and artifacts."""
-
-    endpoint_url: str | None = None
-    bucket: str = "tiergate-jobs"
-    region: str = "us-east-1"
-    prefix: str = "jobs/"
-    presign_seconds: int = Field(3600, ge=60)
-    timeout_seconds: float = Field(3.0, gt=0)
-
-
-class SandboxSettings(_Section):
-    """Where and how commands run (bubblewrap)."""
-
-    work_dir: str = "/var/lib/tiergate/jobs"
-    output_limit_chars: int = Field(2000, ge=100)
-    # When the worker runs as root, sandboxed commands run as this unprivileged user.
-    uid: int = 65534
-    gid: int = 65534
-    # Per-job cgroups go under <controller root>/<cgroup_parent>/job-<id>. As root the worker
-    # creates the parent; an unprivileged worker needs it delegated (chowned to its user).
-    cgroup_parent: str = Field("tiergate", pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-    # Where the cgroup filesystems are mounted (v2 there, or v1's memory/pids/cpu under it).
-    cgroup_root: str = "/sys/fs/cgroup"
-    # The explicit opt-out: run jobs without memory, CPU and process limits where no cgroup
-    # can be created (the worker refuses to start without them otherwise).
-    allow_unlimited: bool = False
-    max_processes: int = Field(256, ge=8, le=65536)
-
-    @field_validator("cgroup_parent")
-    @classmethod
-    def _below_the_root(cls, value: str) -> str:
-        if any(part in (".", "..") for part in value.split("/")):
-            raise ValueError("cgroup_parent is a relative path without '.' or '..'")
-        return value
-
-
-class WorkerSettings(_Section):
-    concurrency: int = Field(2, ge=1, le=64)
-    drain_seconds: float = Field(60.0, ge=0)
-    max_attempts: int = Field(3, ge=1)
-    retry_backoff_seconds: float = Field(5.0, ge=0)
-    cancel_poll_seconds: float = Field(1.0, gt=0)
-    api_key: str | None = None
-    protocol: Literal["text", "tools"] = "text"
-    # GET /metrics and GET /healthz (tiergate.queue.observe_http); port 0 picks a free one.
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = Field(9400, ge=0, le=65535)
-    # /healthz fails when an idle worker thread has not beaten for this long.
-    heartbeat_stale_seconds: float = Field(120.0, gt=0)
-
-
-class JobCaps(_Section):
-    """The most a job may ask for on this installation (a request over it is refused)."""
-
-    max_steps: int = Field(100, ge=1)
-    timeout_seconds: float = Field(3600.0, gt=0)
-    cpus: float = Field(2.0, gt=0)
-    memory_mb: int = Field(4096, ge=16)
-    disk_mb: int = Field(4096, ge=1)
-
-
-class JobsSettings(_Section):
-    """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
-
-    enabled: bool = False
-    caps: JobCaps = Field(default_factory=JobCaps)
-    # Unfinished jobs one key may have at once (a key's own limits.max_outstanding_jobs
-    # overrides it).
-    max_outstanding_jobs: int = Field(100, ge=1)
-    max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    # A job still queued this long after it was accepted, with no worker having started it,
-    # is sent again (its first message may never have reached the broker); the worker runs
-    # a re-sent job only if it is still queued, so a slow queue does not run a job twice.
-    requeue_after_seconds: float = Field(600.0, gt=0)
-    gateway_url: str = "http://127.0.0.1:8000"
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    storage: StorageSettings = Field(default_factory=StorageSettings)
-    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
-    worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
 
 def _default_profiles() -> dict[Tier, TierProfile]:
