@@ -1,0 +1,138 @@
+"""Production transport and identity: Kafka SASL/TLS, workload identity, sandboxed
+runtimes, and the vLLM version the chart names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helm.chart import (
+    CHART,
+    ROOT,
+    VALUES,
+    container_env,
+    find,
+    load_pod_settings,
+    pod_spec,
+    render,
+    render_fails,
+)
+
+SASL = (
+    "jobs.kafka.security.protocol=SASL_SSL",
+    "jobs.kafka.security.saslMechanism=SCRAM-SHA-512",
+    "jobs.kafka.security.existingSecret=kafka-credentials",
+    "jobs.kafka.security.caKey=ca.crt",
+    "jobs.kafka.replicationFactor=3",
+    "jobs.worker.keda.enabled=true",
+)
+
+
+def test_kafka_sasl_tls_and_replication(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render(sets=SASL)
+    for name in ("rel-tiergate-gateway", "rel-tiergate-worker"):
+        pod = pod_spec(docs, "Deployment", name)
+        env = container_env(docs, pod["containers"][0])
+        assert env["TIERGATE_JOBS__KAFKA__SASL_USERNAME"] == "tiergate"
+        assert env["TIERGATE_JOBS__KAFKA__SASL_PASSWORD"] == "s3cret"
+        volume = next(v for v in pod["volumes"] if v["name"] == "kafka-ca")
+        assert volume["secret"] == {
+            "secretName": "kafka-credentials",
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        }
+        assert {"name": "kafka-ca", "mountPath": "/etc/tiergate/kafka", "readOnly": True} in pod[
+            "containers"
+        ][0]["volumeMounts"]
+    for name in ("rel-tiergate-gateway", "rel-tiergate-worker"):
+        config = yaml.safe_load(find(docs, "ConfigMap", name)["data"]["tiergate.yaml"])
+        kafka = config["jobs"]["kafka"]
+        assert kafka["security_protocol"] == "SASL_SSL"
+        assert kafka["sasl_mechanism"] == "SCRAM-SHA-512"
+        assert kafka["ssl_cafile"] == "/etc/tiergate/kafka/ca.crt"
+        assert kafka["replication_factor"] == 3
+    trigger = find(docs, "ScaledObject", "rel-tiergate-worker")["spec"]["triggers"][0]
+    assert trigger["metadata"]["sasl"] == "scram_sha512"
+    assert trigger["metadata"]["tls"] == "enable"
+    auth = find(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])["spec"]
+    assert {(r["parameter"], r["key"]) for r in auth["secretTargetRef"]} == {
+        ("username", "username"),
+        ("password", "password"),
+        ("ca", "ca.crt"),
+    }
+    assert "SASL" in render_fails("jobs.kafka.security.protocol=SASL_SSL")
+    production = render(CHART / "ci" / "gpu-production.yaml")
+    trigger = find(production, "ScaledObject", "rel-tiergate-worker")["spec"]["triggers"][0]
+    assert trigger["metadata"]["sasl"] == "scram_sha512" and trigger["authenticationRef"]
+    # Plaintext brokers (the default): no credentials; topics replicated three times.
+    plain = yaml.safe_load(
+        find(render(), "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
+    )
+    assert plain["jobs"]["kafka"]["replication_factor"] == 3
+    assert not {"security_protocol", "sasl_mechanism", "ssl_cafile"} & plain["jobs"]["kafka"].keys()
+    for name in ("rel-tiergate-gateway", "rel-tiergate-worker"):
+        kafka = load_pod_settings(docs, "Deployment", name, tmp_path, monkeypatch).jobs.kafka
+        assert (kafka.security_protocol, kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+        assert (kafka.sasl_username, kafka.sasl_password) == ("tiergate", "s3cret")
+        assert kafka.ssl_cafile == "/etc/tiergate/kafka/ca.crt"
+        assert kafka.replication_factor == 3
+
+
+def test_object_storage_through_workload_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render(CHART / "ci" / "gpu-production.yaml")
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/tiergate-jobs"}
+    for name in ("rel-tiergate-gateway", "rel-tiergate-worker"):
+        pod = pod_spec(docs, "Deployment", name)
+        assert not any(e["name"].startswith("AWS_") for e in pod["containers"][0]["env"])
+        account = find(docs, "ServiceAccount", pod["serviceAccountName"])
+        assert account["metadata"]["annotations"] == role
+    # Static keys remain possible, from a Secret.
+    docs = render(
+        sets=(
+            "jobs.storage.staticCredentials.accessKeyId=AKIA",
+            "jobs.storage.staticCredentials.secretAccessKey=shh",
+        )
+    )
+    for name in ("rel-tiergate-gateway", "rel-tiergate-worker"):
+        env = container_env(docs, pod_spec(docs, "Deployment", name)["containers"][0])
+        assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIA", "shh")
+
+
+def test_workers_under_a_sandboxed_runtime() -> None:
+    docs = render(
+        sets=(
+            "jobs.worker.runtimeClassName=gvisor",
+            "jobs.worker.seccompProfile.type=RuntimeDefault",
+            "jobs.worker.appArmorProfile.type=RuntimeDefault",
+        )
+    )
+    pod = pod_spec(docs, "Deployment", "rel-tiergate-worker")
+    assert pod["runtimeClassName"] == "gvisor"
+    security = pod["containers"][0]["securityContext"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert security["appArmorProfile"] == {"type": "RuntimeDefault"}
+    default = pod_spec(render(), "Deployment", "rel-tiergate-worker")
+    assert "runtimeClassName" not in default
+    assert default["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+
+
+# --- Versions ------------------------------------------------------------------------------
+
+
+def test_vllm_image_is_one_the_version_matrix_lists() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    tag = values["vllm"]["image"]["tag"]
+    readme = (CHART / "README.md").read_text()
+    matrix = readme[readme.index("## Versions") :]
+    assert f"`{tag}`" in matrix
+    for path in VALUES:
+        image = (yaml.safe_load(path.read_text()).get("vllm") or {}).get("image") or {}
+        assert image.get("tag", tag) in matrix, path.name
+    # The tuning image is built on the same vLLM.
+    assert (
+        f"ARG VLLM_IMAGE=vllm/vllm-openai:{tag}"
+        in (ROOT / "helm" / "images" / "tuner.Dockerfile").read_text()
+    )
