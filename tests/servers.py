@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,13 +12,8 @@ import uvicorn
 
 from tiergate.gateway.app import create_app
 from tiergate.gateway.serving import uvicorn_options
+from tiergate.local.servers import free_port as free_port
 from tiergate.settings import Settings, load_settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> Settings:

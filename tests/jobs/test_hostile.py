@@ -4,14 +4,13 @@ a normal job submitted after them completes."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.archives import tar_of
 from tests.jobs.unprivileged import delegated, start_worker
 from tests.jobstack import jobs_stack
 from tests.servers import free_port
@@ -23,16 +22,6 @@ NORMAL: dict[str, Any] = {
     "limits": {"max_steps": 3, "timeout_seconds": 60},
 }
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def test_malformed_jobs_are_refused_at_submit(
@@ -70,7 +59,7 @@ def test_hostile_jobs_end_and_the_next_job_completes(
         upload = httpx.post(f"{stack.base}/v1/jobs/workspaces", content=b"not a tar at all")
         assert upload.status_code == 200, upload.text
         nested = httpx.post(
-            f"{stack.base}/v1/jobs/workspaces", content=_tar({"a": b"x", "a/b": b"y"})
+            f"{stack.base}/v1/jobs/workspaces", content=tar_of({"a": b"x", "a/b": b"y"})
         ).json()["id"]
         small = {"max_steps": 2, "timeout_seconds": 20, "memory_mb": 64, "disk_mb": 8}
         hostile = {

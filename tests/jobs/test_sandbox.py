@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -10,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs.archives import tar_of
 from tiergate.queue.schema import JobLimits
 from tiergate.sandbox import LimitsUnavailable, Sandbox, SandboxError, probe_limits
 from tiergate.settings import SandboxSettings
@@ -150,18 +149,8 @@ def test_write_files_conflicts_are_sandbox_errors(sandbox: Sandbox) -> None:
         sandbox.write_files({"nul\0name": "x"})
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_extract_unpacks_a_tar(sandbox: Sandbox) -> None:
-    sandbox.extract(_tar({"src/main.py": b"print(1)\n"}))
+    sandbox.extract(tar_of({"src/main.py": b"print(1)\n"}, "w:gz"))
     assert (sandbox.workspace / "src/main.py").read_text() == "print(1)\n"
 
 
@@ -169,14 +158,14 @@ def test_extract_refuses_what_is_not_a_tar(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxError):
         sandbox.extract(b"this is not an archive at all" * 100)
     with pytest.raises(SandboxError):
-        sandbox.extract(_tar({"a.txt": b"x" * 10_000})[:-200])  # cut short
+        sandbox.extract(tar_of({"a.txt": b"x" * 10_000}, "w:gz")[:-200])  # cut short
 
 
 def test_extract_refuses_more_than_the_disk_limit(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxError, match="disk limit"):
-        sandbox.extract(_tar({"big.bin": bytes(6 * 1024 * 1024)}))  # disk_mb=5
+        sandbox.extract(tar_of({"big.bin": bytes(6 * 1024 * 1024)}, "w:gz"))  # disk_mb=5
     with pytest.raises(SandboxError, match="disk limit"):
-        sandbox.extract(_tar({"a.bin": bytes(600), "b.bin": bytes(600)}), max_bytes=1000)
+        sandbox.extract(tar_of({"a.bin": bytes(600), "b.bin": bytes(600)}, "w:gz"), max_bytes=1000)
     assert not any(sandbox.workspace.iterdir())
 
 
