@@ -1,9 +1,11 @@
 """FakeVllm: a fake vLLM-compatible server for fault injection, on loopback.
 
 It speaks just enough of vLLM's OpenAI API (``/health``, ``/metrics``, ``/v1/models``,
-``/v1/chat/completions``, ``/v1/completions``) to exercise the gateway, and can be told to
-fail in the ways real servers do: an error status, a hang, a stream cut mid-way, a stream
-that stalls or ends without ``[DONE]``. It records what it saw, including cancellations.
+``/openapi.json``, chat, completions and responses (plain and streamed), ``/tokenize`` and
+``/detokenize``, and with ``pooling=True`` embeddings, score and rerank) to exercise the
+gateway, and can be told to fail in the ways real servers do: an error status, a hang, a
+stream cut mid-way, a stream that stalls or ends without ``[DONE]``. It records what it
+saw, including cancellations.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ class FakeRecord:
 class FakeVllm:
     """A fake vLLM server running on its own event loop in a background thread."""
 
-    def __init__(self, model: str = MODEL) -> None:
+    def __init__(self, model: str = MODEL, *, pooling: bool = False) -> None:
         self.model = model
+        # Like a vLLM engine started for a pooling task: it serves embeddings, scores and
+        # reranking, and none of the generate routes (vLLM registers routes by task).
+        self.pooling = pooling
         self.behaviour = FakeBehaviour()
         self.record = FakeRecord()
         self.port = 0
@@ -62,6 +67,7 @@ class FakeVllm:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._paths: list[str] = []
 
     @property
     def url(self) -> str:
@@ -91,8 +97,20 @@ class FakeVllm:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._complete)
-        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/openapi.json", self._openapi)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        if self.pooling:
+            app.router.add_post("/v1/embeddings", self._embeddings)
+            for path in POOLING_SCORE_PATHS:
+                app.router.add_post(path, self._score)
+        else:
+            app.router.add_post("/v1/chat/completions", self._complete)
+            app.router.add_post("/v1/completions", self._complete)
+            app.router.add_post("/v1/responses", self._complete)
+        self._paths = sorted(
+            {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+        )
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -147,6 +165,67 @@ class FakeVllm:
             }
         )
 
+    async def _openapi(self, request: web.Request) -> web.Response:
+        self._probe(request)
+        paths = {path: {"post": {}} for path in self._paths}
+        return web.json_response({"openapi": "3.1.0", "info": {"title": "fake"}, "paths": paths})
+
+    async def _accepted(self, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+        """Records a request to a route other than completions; its body, or a refusal."""
+        refused = self._refused(request)
+        if refused is not None:
+            return {}, refused
+        body = await request.json()
+        self.record.requests += 1
+        self.record.bodies.append(body)
+        self.record.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.behaviour.mode == "status":
+            return body, self._failure()
+        return body, None
+
+    def _failure(self) -> web.Response:
+        status = self.behaviour.status
+        error = {"message": f"fake failure {status}", "type": "FakeError", "param": None}
+        return web.json_response({"error": {**error, "code": status}}, status=status)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body, refused = await self._accepted(request)
+        if refused is not None:
+            return refused
+        tokens = [ord(c) for c in "".join(_texts(body))]
+        return web.json_response({"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        body, refused = await self._accepted(request)
+        if refused is not None:
+            return refused
+        tokens = body.get("tokens") or []
+        return web.json_response({"prompt": "".join(chr(int(t)) for t in tokens)})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body, refused = await self._accepted(request)
+        if refused is not None:
+            return refused
+        texts = _texts(body) or [""]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(len(t)), 0.5, -0.5]}
+            for i, t in enumerate(texts)
+        ]
+        tokens = sum(len(t) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return web.json_response(
+            {"object": "list", "model": self.model, "data": data, "usage": usage}
+        )
+
+    async def _score(self, request: web.Request) -> web.Response:
+        _body, refused = await self._accepted(request)
+        if refused is not None:
+            return refused
+        usage = {"prompt_tokens": 4, "total_tokens": 4}
+        return web.json_response(
+            {"id": "score-1", "object": "list", "model": self.model, "data": [], "usage": usage}
+        )
+
     def _chunk(self, i: int, chat: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": None}
         if chat:
@@ -171,6 +250,8 @@ class FakeVllm:
         self.record.headers.append({k.lower(): v for k, v in request.headers.items()})
         b = self.behaviour
         chat = request.path.endswith("/chat/completions")
+        if request.path == "/v1/responses" and b.mode not in ("status", "hang"):
+            return await self._respond(request, body)
         try:
             if b.mode == "status":
                 return web.json_response(
@@ -256,6 +337,85 @@ class FakeVllm:
             await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
+
+    def _response_object(self, text: str, status: str) -> dict[str, Any]:
+        output = [
+            {
+                "id": "msg-1",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
+        return {
+            "id": "resp-1",
+            "object": "response",
+            "created_at": 1,
+            "model": self.model,
+            "status": status,
+            "output": output if status == "completed" else [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "service_tier": "auto",
+            "usage": {
+                "input_tokens": 3,
+                "output_tokens": 3,
+                "total_tokens": 6,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            }
+            if status == "completed"
+            else None,
+        }
+
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        """The Responses API: one response object, or its event stream (no `[DONE]`)."""
+        b = self.behaviour
+        if not body.get("stream"):
+            return web.json_response(self._response_object("hello from fake", "completed"))
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def event(kind: str, data: dict[str, Any]) -> None:
+            payload = json.dumps({"type": kind, **data}).encode()
+            await resp.write(b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n")
+
+        await event("response.created", {"response": self._response_object("", "in_progress")})
+        for i in range(b.chunks):
+            if i > 0 and b.chunk_delay:
+                await asyncio.sleep(b.chunk_delay)
+            if b.mode == "truncate_stream" and i == 2:
+                return resp
+            await event("response.output_text.delta", {"delta": f"tok{i} ", "output_index": 0})
+        text = "".join(f"tok{i} " for i in range(b.chunks))
+        await event("response.completed", {"response": self._response_object(text, "completed")})
+        return resp
+
+
+POOLING_SCORE_PATHS = (
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+)
+
+
+def _texts(body: dict[str, Any]) -> list[str]:
+    for name in ("input", "prompt"):
+        value = body.get(name)
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list):
+            return [v if isinstance(v, str) else json.dumps(v) for v in value]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return [str(m.get("content", "")) for m in messages if isinstance(m, dict)]
+    return []
 
 
 def _prompt_chars(body: dict[str, Any]) -> int:
