@@ -318,6 +318,11 @@ class TierProfile(_Section):
     # both take core 0. Giving each tier its own cores keeps them from halving each other.
     cpu_cores: str = "auto"
     speculative: SpeculativeConfig | None = None
+    # Tool calling: vLLM's tool-call parser and a chat template that renders tools. "auto"
+    # takes them from the model family (tiergate/engine/families.py); null turns the
+    # parser off, or keeps the model's own template.
+    tool_call_parser: str | None = "auto"
+    chat_template: str | None = "auto"
     extra_args: list[str] = Field(default_factory=list)
 
 

@@ -68,12 +68,9 @@ def test_keys_are_hashes_and_wrong_ones_refused() -> None:
         with pytest.raises(OpenAIError) as err:
             auth.authenticate(header)
         assert err.value.status == 401
-    with pytest.raises(OpenAIError) as denied:
-        auth.check_access(caller, "m", Tier.FAST, explicit=True)
-    assert denied.value.status == 403 and denied.value.code == "tier_not_allowed"
-    assert auth.check_access(caller, "m", Tier.FAST, explicit=False) is Tier.STANDARD
+    auth.check_model(caller, "m")
     with pytest.raises(OpenAIError) as model:
-        auth.check_access(caller, "other", Tier.STANDARD, explicit=True)
+        auth.check_model(caller, "other")
     assert model.value.code == "model_not_allowed"
 
 

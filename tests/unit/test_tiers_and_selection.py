@@ -3,8 +3,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from tiergate.gateway.auth import ANONYMOUS
 from tiergate.gateway.errors import OpenAIError, from_upstream
+from tiergate.gateway.policy import TierPolicy
+from tiergate.gateway.routes import ROUTES
 from tiergate.gateway.selection import fast_compatible, inspect, upstream_body
+from tiergate.settings import PolicySettings
 from tiergate.tiers import Tier, UnknownTierError, parse_requested_tier
 
 
@@ -30,8 +34,11 @@ def test_unknown_tier_word() -> None:
 
 
 def _inspect(body: dict[str, object], header: str | None = None) -> tuple[Tier, str]:
-    req = inspect(orjson.dumps(body), header, Tier.STANDARD, 64)
-    return req.choice.tier, req.choice.reason
+    """The tier and reason the policy decides for a body (auto: standard, no limits)."""
+    req = inspect(orjson.dumps(body), header, 64)
+    policy = TierPolicy(PolicySettings(), lambda: True, lambda tier, path: None)
+    decision = policy.decide(ANONYMOUS, req.asked, req.needs)
+    return decision.tier, decision.reason.value
 
 
 def test_field_header_and_policy() -> None:
@@ -75,7 +82,6 @@ def test_upstream_body_drops_tier_and_asks_usage() -> None:
             }
         ),
         None,
-        Tier.STANDARD,
         64,
     )
     sent = orjson.loads(upstream_body(req))
@@ -90,9 +96,9 @@ def test_upstream_body_drops_tier_and_asks_usage() -> None:
 
 
 def test_prefix_key_shared_by_same_leading_prompt() -> None:
-    a = inspect(orjson.dumps({"model": "m", "prompt": "s" * 100 + "A"}), None, Tier.STANDARD, 64)
-    b = inspect(orjson.dumps({"model": "m", "prompt": "s" * 100 + "B"}), None, Tier.STANDARD, 64)
-    c = inspect(orjson.dumps({"model": "m", "prompt": "t" * 100}), None, Tier.STANDARD, 64)
+    a = inspect(orjson.dumps({"model": "m", "prompt": "s" * 100 + "A"}), None, 64)
+    b = inspect(orjson.dumps({"model": "m", "prompt": "s" * 100 + "B"}), None, 64)
+    c = inspect(orjson.dumps({"model": "m", "prompt": "t" * 100}), None, 64)
     assert a.prefix_key == b.prefix_key != c.prefix_key
 
 
@@ -122,3 +128,29 @@ def test_vllm_error_is_normalised() -> None:
 def test_error_types_follow_status() -> None:
     assert OpenAIError(429, "x").type == "rate_limit_error"
     assert OpenAIError(503, "x").type == "server_error"
+
+
+def test_each_route_reads_its_own_prompt_and_output_limit() -> None:
+    responses = ROUTES["/v1/responses"]
+    req = inspect(
+        orjson.dumps({"model": "m", "instructions": "be brief", "input": "hello", "stream": True}),
+        None,
+        64,
+        route=responses,
+    )
+    assert req.prompt_chars == len("be brief") + len("hello") and req.stream
+    # The Responses API asks for no stream usage (its terminal event carries it).
+    assert "stream_options" not in orjson.loads(upstream_body(req))
+    with pytest.raises(OpenAIError) as err:
+        inspect(orjson.dumps({"model": "m", "max_output_tokens": 99}), None, 64, 10, responses)
+    assert err.value.param == "max_output_tokens"
+    # A route that cannot stream ignores the field (vLLM answers for it).
+    emb = inspect(
+        orjson.dumps({"model": "m", "input": ["ab", "cd"], "stream": "x"}),
+        None,
+        64,
+        route=ROUTES["/v1/embeddings"],
+    )
+    assert not emb.stream and emb.prompt_chars == 4 and emb.fast_compatible
+    # `stream: null` is valid OpenAI (not streaming).
+    assert not inspect(orjson.dumps({"model": "m", "stream": None}), None, 64).stream

@@ -32,6 +32,9 @@ class Endpoint:
     in_flight: int = 0
     load: LoadSignals = field(default_factory=LoadSignals)
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The POST routes its engine serves (vLLM registers routes by the model's task), from
+    # its /openapi.json; None until it has answered.
+    routes: frozenset[str] | None = None
     from_discovery: bool = False
 
     def available(self, now: float | None = None) -> bool:

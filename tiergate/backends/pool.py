@@ -112,6 +112,13 @@ class TierPool:
         now = time.monotonic()
         return any(ep.available(now) for ep in self.endpoints.values())
 
+    def serves_route(self, path: str) -> bool | None:
+        """Whether this tier's engines serve a route: None while none has said."""
+        known = [ep.routes for ep in self.endpoints.values() if ep.routes is not None]
+        if not known:
+            return None
+        return any(path in routes for routes in known)
+
     def models(self) -> dict[str, dict[str, Any]]:
         cards: dict[str, dict[str, Any]] = {}
         for ep in self.endpoints.values():
@@ -175,7 +182,12 @@ class TierPool:
         except (aiohttp.ClientError, TimeoutError, OSError):
             ep.healthy = False
         if ep.healthy:
-            await asyncio.gather(self._scrape_load(ep), self._fetch_models(ep))
+            probes = [self._scrape_load(ep), self._fetch_models(ep)]
+            if ep.routes is None:
+                probes.append(self._fetch_routes(ep))
+            await asyncio.gather(*probes)
+        else:
+            ep.routes = None  # a restarted engine may serve another task
         if was_healthy != ep.healthy:
             log.warning(
                 "endpoint %s (%s) is now %s",
@@ -194,6 +206,19 @@ class TierPool:
                     ep.load = parse_load_signals(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             log.debug("metrics scrape of %s failed: %s", ep.url, exc)
+
+    async def _fetch_routes(self, ep: Endpoint) -> None:
+        # Once per engine start: vLLM's description lists the routes it registered.
+        timeout = aiohttp.ClientTimeout(total=max(self._health.timeout_seconds, 5.0))
+        try:
+            async with self._session.get(
+                f"{ep.url}/openapi.json", timeout=timeout, headers=self.auth_headers
+            ) as resp:
+                if resp.status == 200:
+                    paths = (await resp.json()).get("paths", {})
+                    ep.routes = frozenset(p for p, ops in paths.items() if "post" in ops)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError) as exc:
+            log.debug("route list of %s failed: %s", ep.url, exc)
 
     async def _fetch_models(self, ep: Endpoint) -> None:
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)

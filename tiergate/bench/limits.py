@@ -25,7 +25,6 @@ from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.selection import inspect
 from tiergate.settings import load_settings
-from tiergate.tiers import Tier
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 50}]})
 
@@ -35,13 +34,13 @@ def _say(message: str) -> None:
 
 
 async def _measure(gatekeeper: Gatekeeper, header: str | None, n: int) -> list[float]:
-    req = inspect(BODY.encode(), None, Tier.STANDARD, 512)
+    req = inspect(BODY.encode(), None, 512)
     samples = []
     for i in range(n + 200):
         started = time.perf_counter()
         caller = gatekeeper.authenticate(header)
-        tier = gatekeeper.choose_tier(caller, req)
-        lease = await gatekeeper.admit(caller, req, tier, f"bench-{i}")
+        decision = gatekeeper.decide(caller, req)
+        lease = await gatekeeper.admit(caller, req, decision.tier, f"bench-{i}")
         lease.end({"total_tokens": 120})
         if i >= 200:  # warm-up excluded
             samples.append((time.perf_counter() - started) * 1e6)

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from tiergate.engine.families import tool_support
 from tiergate.settings import TierProfile
 from tiergate.speculative.config import to_vllm_json
 
@@ -40,6 +41,13 @@ def vllm_command(profile: TierProfile, python: str = sys.executable) -> list[str
         cmd.append("--enforce-eager")
     if profile.speculative is not None:
         cmd += ["--speculative-config", to_vllm_json(profile.speculative)]
+    family = tool_support(profile.served_model_name, profile.model)
+    parser = family.parser if profile.tool_call_parser == "auto" else profile.tool_call_parser
+    template = family.chat_template if profile.chat_template == "auto" else profile.chat_template
+    if parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if template:
+        cmd += ["--chat-template", template]
     return cmd + list(profile.extra_args)
 
 

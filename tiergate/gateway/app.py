@@ -30,9 +30,9 @@ from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
 from tiergate.gateway.metricsport import MetricsListener
-from tiergate.gateway.openapi import completion_route
 from tiergate.gateway.opsroutes import register_ops_routes
 from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.gateway.routes import ROUTES, Route
 from tiergate.gateway.serving import BodyReadDeadline
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
 from tiergate.queue.pipeline import JobQueue
@@ -57,11 +57,11 @@ class GatewayState:
     jobs: JobsAPI | None = None
 
 
-COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+PROXIED_PATHS = frozenset(ROUTES)
 
 
 class GatewayApp(FastAPI):
-    """FastAPI, with the two completion routes, the gateway's hot path, served without the
+    """FastAPI, with the proxied routes, the gateway's hot path, served without the
     framework's per-request machinery (routing, exception middlewares, the endpoint's
     dependency solving: about a third of the CPU a proxied request cost). The routes stay
     registered for the OpenAPI description and for what does not match here exactly (other
@@ -75,7 +75,7 @@ class GatewayApp(FastAPI):
         if (
             scope["type"] == "http"
             and scope["method"] == "POST"
-            and scope["path"] in COMPLETION_PATHS
+            and scope["path"] in PROXIED_PATHS
             and not scope.get("root_path")
         ):
             state: GatewayState | None = getattr(self.state, "gateway", None)
@@ -140,7 +140,13 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.registry.register(AdmissionCollector(admission, limiter))
         evidence = TierEvidence(settings.gateway.tier_evidence_file)
         metrics.registry.register(TierEvidenceCollector(evidence))
-        gatekeeper = Gatekeeper(settings, limiter, admission, metrics)
+        gatekeeper = Gatekeeper(
+            settings,
+            limiter,
+            admission,
+            metrics,
+            lambda tier, path: pools[tier].serves_route(path),
+        )
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         proxy = CompletionsProxy(settings, pools, session, metrics, gatekeeper, access_log)
         app.state.gateway = GatewayState(
@@ -212,9 +218,7 @@ def create_app(settings: Settings) -> FastAPI:
             if state is not None and not settings.auth.enabled
             else []
         )
-        for path in ("/v1/chat/completions", "/v1/completions"):
-            body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-            body["schema"]["properties"]["model"]["examples"] = names
+        openapi.add_model_examples(schema, names)
         return schema
 
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]
@@ -242,15 +246,8 @@ def create_app(settings: Settings) -> FastAPI:
         log.exception("unhandled error")
         return OpenAIError(500, "Internal gateway error.", code="internal_error").to_response()
 
-    @app.post("/v1/chat/completions", tags=["openai"], **completion_route(openapi.CHAT_REQUEST))
-    async def chat_completions(request: Request) -> Response:
-        """OpenAI chat completions; ``service_tier`` or ``X-Tiergate-Tier`` picks the tier."""
-        return await _state(request).proxy.handle(request, "/v1/chat/completions")
-
-    @app.post("/v1/completions", tags=["openai"], **completion_route(openapi.COMPLETION_REQUEST))
-    async def completions(request: Request) -> Response:
-        """OpenAI (legacy) completions; the tier is chosen as for chat."""
-        return await _state(request).proxy.handle(request, "/v1/completions")
+    for route in ROUTES.values():
+        _register_proxied(app, route, settings.gateway.max_tokens_limit)
 
     @app.get(
         "/v1/models",
@@ -300,6 +297,24 @@ def create_app(settings: Settings) -> FastAPI:
         return _json(state.evidence.describe())
 
     return app
+
+
+def _register_proxied(app: FastAPI, route: Route, max_tokens_limit: int) -> None:
+    """A proxied route, registered for the description and for what the hot path in
+    :class:`GatewayApp` does not take (it serves matching POSTs itself)."""
+
+    async def proxied(request: Request) -> Response:
+        return await _state(request).proxy.handle(request, route.path)
+
+    proxied.__doc__ = (
+        f"{route.summary}; ``service_tier`` or ``X-Tiergate-Tier`` picks the tier, as for chat."
+    )
+    app.post(
+        route.path,
+        tags=["openai"],
+        name=route.path,
+        **openapi.route_doc(route, max_tokens_limit),
+    )(proxied)
 
 
 def _model_cards(state: GatewayState) -> list[dict[str, Any]]:

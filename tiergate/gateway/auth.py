@@ -99,9 +99,8 @@ class Authenticator:
             )
         return Caller(key.name, key)
 
-    def check_access(self, caller: Caller, model: str, tier: Tier, explicit: bool) -> Tier:
-        """The tier the caller may be served on; 403 for a model or an explicitly asked tier
-        the key may not use. An implicit tier (auto, capability) moves to one it may use."""
+    def check_model(self, caller: Caller, model: str) -> None:
+        """403 for a model the key may not use (its tiers are the tier policy's business)."""
         if not caller.may_use_model(model):
             raise OpenAIError(
                 403,
@@ -109,13 +108,3 @@ class Authenticator:
                 param="model",
                 code="model_not_allowed",
             )
-        if caller.may_use_tier(tier):
-            return tier
-        if not explicit and caller.may_use_tier(tier.other):
-            return tier.other
-        raise OpenAIError(
-            403,
-            f"This API key may not use the {tier.value} tier.",
-            param="service_tier",
-            code="tier_not_allowed",
-        )

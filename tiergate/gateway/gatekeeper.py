@@ -11,6 +11,7 @@ from tiergate.gateway.auth import Authenticator, Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.limits import Decision, Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.policy import RouteSupport, TierDecision, TierPolicy
 from tiergate.gateway.selection import InspectedRequest
 from tiergate.settings import KeyLimits, Settings
 from tiergate.tiers import Tier
@@ -43,17 +44,23 @@ class Lease:
 
 
 class Gatekeeper:
-    """Applies, in order: the key (401), its models and tiers (403), its limits (429), and
-    the chosen tier's admission queue (503)."""
+    """Applies, in order: the key (401), its models (403), the tier policy (403 for a tier
+    the key may not use), its limits (429), and the chosen tier's admission queue (503)."""
 
     def __init__(
-        self, settings: Settings, limiter: Limiter, admission: Admission, metrics: GatewayMetrics
+        self,
+        settings: Settings,
+        limiter: Limiter,
+        admission: Admission,
+        metrics: GatewayMetrics,
+        serves_route: RouteSupport = lambda tier, path: None,
     ) -> None:
         self._settings = settings
         self.authenticator = Authenticator(settings.auth)
         self.limiter = limiter
         self.admission = admission
         self._metrics = metrics
+        self.policy = TierPolicy(settings.policy, admission.fast_has_headroom, serves_route)
 
     def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
         return self.authenticator.authenticate(authorization, on_behalf_of)
@@ -82,12 +89,10 @@ class Gatekeeper:
             headers=headers,
         )
 
-    def choose_tier(self, caller: Caller, req: InspectedRequest) -> Tier:
-        tier = req.choice.tier
-        if req.choice.reason == "auto" and self._settings.policy.auto_tier == "headroom":
-            fast_ok = req.fast_compatible and caller.may_use_tier(Tier.FAST)
-            tier = Tier.FAST if fast_ok and self.admission.fast_has_headroom() else Tier.STANDARD
-        return self.authenticator.check_access(caller, req.model, tier, req.explicit_tier)
+    def decide(self, caller: Caller, req: InspectedRequest) -> TierDecision:
+        """The key's model check, then the tier policy's decision."""
+        self.authenticator.check_model(caller, req.model)
+        return self.policy.decide(caller, req.asked, req.needs)
 
     def estimate_tokens(self, req: InspectedRequest) -> int:
         return max(1, math.ceil(req.prompt_chars / self._settings.limits.chars_per_token))

@@ -24,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
@@ -137,8 +138,12 @@ class JobsAPI:
                 param="model",
                 code="model_not_found",
             )
+        # The job's model calls are decided per call by the tier policy, as any request's;
+        # an explicitly asked tier the key may not use is refused now rather than later.
         if tier is not None:
-            self._gatekeeper.authenticator.check_access(caller, spec.model, tier, True)
+            self._gatekeeper.policy.decide(
+                caller, AskedTier(tier, Reason.REQUESTED), Needs("/v1/chat/completions")
+            )
 
     async def create(self, request: Request) -> Response:
         caller = self._caller(request)

@@ -1,4 +1,5 @@
-"""The completions handler: inspect, choose a tier, open upstream, answer or relay."""
+"""The handler of every proxied route: inspect, decide the tier, open upstream, answer or
+relay. Routes differ only as their :class:`~tiergate.gateway.routes.Route` says."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tiergate.gateway.requestids import (
     RequestIds,
     client_request_id,
 )
+from tiergate.gateway.routes import ROUTES, StreamEnd
 from tiergate.gateway.selection import (
     TIER_HEADER,
     InspectedRequest,
@@ -32,7 +34,13 @@ from tiergate.gateway.selection import (
     read_body,
     upstream_body,
 )
-from tiergate.gateway.streaming import EventStreamResponse, StreamOutcome, relay_events
+from tiergate.gateway.streaming import (
+    ChunkRewriter,
+    EventStreamResponse,
+    ResponseEventRewriter,
+    StreamOutcome,
+    relay_events,
+)
 from tiergate.gateway.upstream import Opened, UpstreamCaller
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
@@ -56,7 +64,7 @@ class _Timing:
 
 
 class CompletionsProxy:
-    """Serves ``/v1/chat/completions`` and ``/v1/completions`` over the tier pools."""
+    """Serves every route of :data:`~tiergate.gateway.routes.ROUTES` over the tier pools."""
 
     def __init__(
         self,
@@ -115,23 +123,22 @@ class CompletionsProxy:
             req = inspect(
                 raw,
                 wanted.get(TIER_HEADER),
-                Tier.FAST if self._settings.policy.auto_tier == "fast" else Tier.STANDARD,
                 self._settings.routing.prefix_chars,
                 self._settings.gateway.max_tokens_limit,
+                ROUTES[path],
             )
             fields.update(model=req.model, stream=req.stream)
             self._check_model(req.model, caller)
-            req.choice.tier = self._gatekeeper.choose_tier(caller, req)
-            req.allowed_tiers = frozenset(t for t in Tier if caller.may_use_tier(t))
-            fields.update(tier_requested=req.choice.tier.value, tier_reason=req.choice.reason)
-            lease = await watch.race(
-                self._gatekeeper.admit(caller, req, req.choice.tier, request_id)
-            )
+            decision = self._gatekeeper.decide(caller, req)
+            fields.update(tier_requested=decision.tier.value, tier_reason=decision.reason.value)
+            lease = await watch.race(self._gatekeeper.admit(caller, req, decision.tier, request_id))
             headers.update(lease.headers)
-            req.long_prompt = self._gatekeeper.admission.is_long(lease.estimate)
+            long_prompt = self._gatekeeper.admission.is_long(lease.estimate)
             body = upstream_body(req)
             timing.upstream_started = time.perf_counter()
-            opened = await watch.race(self._caller.open(req, path, body, request_id))
+            opened = await watch.race(
+                self._caller.open(req, decision, body, request_id, long_prompt)
+            )
         except OpenAIError as err:
             return self._refuse(err, headers, fields, timing, path), lease
         except (_ClientGone, ClientDisconnect):
@@ -140,7 +147,7 @@ class CompletionsProxy:
         headers.update(
             {
                 "x-tiergate-tier": opened.tier.value,
-                "x-tiergate-tier-reason": "fallback" if opened.fallback else req.choice.reason,
+                "x-tiergate-tier-reason": "fallback" if opened.fallback else decision.reason.value,
                 OVERHEAD_HEADER: f"{timing.gateway_ms():.3f}",
             }
         )
@@ -196,7 +203,8 @@ class CompletionsProxy:
         except orjson.JSONDecodeError:
             data = None
         if isinstance(data, dict):
-            data["service_tier"] = tier.openai_name
+            if req.route.echoes_tier:
+                data["service_tier"] = tier.openai_name
             usage = data.get("usage")
             if isinstance(usage, dict):
                 self._count_tokens(tier, req.model, usage)
@@ -243,7 +251,8 @@ class CompletionsProxy:
                 ttft = result.first_token_at - timing.started
                 self._metrics.ttft.labels(tier.value).observe(ttft)
                 fields["ttft_ms"] = round(ttft * 1000.0, 3)
-                out_tokens = int((result.usage or {}).get("completion_tokens") or 0)
+                usage = result.usage or {}
+                out_tokens = int(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
                 if out_tokens > 1:
                     tpot = (end - result.first_token_at) / (out_tokens - 1)
                     self._metrics.tpot.labels(tier.value).observe(tpot)
@@ -254,10 +263,14 @@ class CompletionsProxy:
                 fields, timing, path, tier, req.model, status, overhead=overhead, stream=True
             )
 
+        rewrite = (
+            ResponseEventRewriter(tier.openai_name, outcome)
+            if req.route.stream_end is StreamEnd.RESPONSE
+            else ChunkRewriter(tier.openai_name, req.wants_usage, outcome)
+        )
         body = relay_events(
             opened,
-            tier.openai_name,
-            req.wants_usage,
+            rewrite,
             self._settings.timeouts.between_chunks_seconds,
             outcome,
             finish,
@@ -303,7 +316,16 @@ class CompletionsProxy:
             raw = b""
         finally:
             opened.release()
-        err = from_upstream(opened.response.status, raw)
+        if opened.response.status in (404, 405) and _framework_not_found(raw):
+            # The engine has no such route (vLLM registers routes by the model's task):
+            # said plainly, not as the engine framework's bare "Not Found".
+            err = OpenAIError(
+                404,
+                f"The {opened.tier.value} tier's engine does not serve {path}.",
+                code="route_not_served",
+            )
+        else:
+            err = from_upstream(opened.response.status, raw)
         return self._refuse(err, headers, fields, timing, path, opened.tier, req.model)
 
     def _refuse(
@@ -323,8 +345,9 @@ class CompletionsProxy:
         return err.to_response(headers)
 
     def _count_tokens(self, tier: Tier, model: str, usage: dict[str, Any]) -> None:
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
+        # Chat, completions and pooling routes say prompt/completion; responses input/output.
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         m = self._metrics
         if isinstance(prompt, int):
             m.child(m.prompt_tokens, tier.value, model).inc(prompt)
@@ -357,6 +380,14 @@ class CompletionsProxy:
         if self._access_log is not None:
             fields.update(status=status, latency_ms=round(elapsed * 1000.0, 3))
             self._access_log.write(fields)
+
+
+def _framework_not_found(raw: bytes) -> bool:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(body, dict) and body.get("detail") in ("Not Found", "Method Not Allowed")
 
 
 _WANTED = {

@@ -1,4 +1,5 @@
-"""Reading what the gateway acts on from a request body: model, stream, tier, prefix."""
+"""Reading what the gateway acts on from a request body: model, stream, the asked tier,
+the prompt's size and prefix. The tier itself is decided by :mod:`tiergate.gateway.policy`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import orjson
 from starlette.requests import Request
 
 from tiergate.gateway.errors import OpenAIError
-from tiergate.tiers import ACCEPTED_WORDS, Tier, UnknownTierError, parse_requested_tier
+from tiergate.gateway.policy import AskedTier, Needs, Reason
+from tiergate.gateway.routes import ROUTES, Route
+from tiergate.tiers import ACCEPTED_WORDS, UnknownTierError, parse_requested_tier
 
 TIER_HEADER = "x-tiergate-tier"
 
@@ -18,28 +21,21 @@ TIER_HEADER = "x-tiergate-tier"
 _SPEC_REFUSED = ("min_p", "logit_bias", "logits_processors")
 
 
-@dataclass(slots=True)
-class TierChoice:
-    tier: Tier
-    reason: str  # requested | header | auto | capability
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class InspectedRequest:
     body: dict[str, Any]
+    route: Route
     model: str
     stream: bool
     wants_usage: bool
-    choice: TierChoice
+    asked: AskedTier
     fast_compatible: bool
     prefix_key: int | None
     prompt_chars: int
-    allowed_tiers: frozenset[Tier] = frozenset(Tier)
-    long_prompt: bool = False
 
     @property
-    def explicit_tier(self) -> bool:
-        return self.choice.reason in ("requested", "header")
+    def needs(self) -> Needs:
+        return Needs(self.route.path, self.fast_compatible)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -88,18 +84,18 @@ def fast_compatible(body: dict[str, Any]) -> bool:
     return True
 
 
-def _requested(body: dict[str, Any], header: str | None) -> tuple[Tier | None, str]:
+def _requested(body: dict[str, Any], header: str | None) -> AskedTier:
     field = body.get("service_tier")
     if field is not None and not isinstance(field, str):
         raise OpenAIError(400, "service_tier must be a string.", param="service_tier")
     try:
         # The body field wins; the header serves clients that cannot set the field.
         if field is not None and field.strip().lower() != "auto":
-            return parse_requested_tier(field), "requested"
+            return AskedTier(parse_requested_tier(field), Reason.REQUESTED)
         if header:
             tier = parse_requested_tier(header)
             if tier is not None:
-                return tier, "header"
+                return AskedTier(tier, Reason.HEADER)
     except UnknownTierError as exc:
         param = "service_tier" if field is not None else TIER_HEADER
         raise OpenAIError(
@@ -108,27 +104,12 @@ def _requested(body: dict[str, Any], header: str | None) -> tuple[Tier | None, s
             param=param,
             code="invalid_service_tier",
         ) from None
-    return None, "auto"
+    return AskedTier(None)
 
 
-def prompt_texts(body: dict[str, Any]) -> list[str]:
-    """The prompt's text parts: message contents (chat) or the prompt (completions)."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        parts = []
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if content is not None:
-                parts.append(
-                    content if isinstance(content, str) else orjson.dumps(content).decode()
-                )
-        return parts
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list):
-        return [p if isinstance(p, str) else orjson.dumps(p).decode() for p in prompt]
-    return []
+def prompt_texts(body: dict[str, Any], path: str = "/v1/chat/completions") -> list[str]:
+    """The prompt's text parts, where the route keeps them."""
+    return ROUTES[path].prompt(body)
 
 
 def prefix_key(parts: list[str], chars: int) -> int | None:
@@ -138,8 +119,8 @@ def prefix_key(parts: list[str], chars: int) -> int | None:
     return hash("\x00".join(parts)[:chars])
 
 
-def _check_max_tokens(body: dict[str, Any], limit: int) -> None:
-    for name in ("max_tokens", "max_completion_tokens"):
+def _check_max_tokens(body: dict[str, Any], names: tuple[str, ...], limit: int) -> None:
+    for name in names:
         value = body.get(name)
         if value is None:
             continue
@@ -157,35 +138,35 @@ def _check_max_tokens(body: dict[str, Any], limit: int) -> None:
 def inspect(
     raw: bytes,
     tier_header: str | None,
-    auto_tier: Tier,
     prefix_chars: int,
     max_tokens_limit: int = 1 << 30,
+    route: Route | None = None,
 ) -> InspectedRequest:
-    """Validate the fields the gateway reads and decide the tier; the rest is vLLM's."""
+    """Validate the fields the gateway reads; the rest is vLLM's."""
+    route = route or ROUTES["/v1/chat/completions"]
     body = parse_body(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError(400, "model is required and must be a string.", param="model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise OpenAIError(400, "stream must be a boolean.", param="stream")
+    stream = False
+    if route.streams:
+        stream = body.get("stream", False)
+        if stream is None:
+            stream = False
+        if not isinstance(stream, bool):
+            raise OpenAIError(400, "stream must be a boolean.", param="stream")
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    _check_max_tokens(body, max_tokens_limit)
-    tier, reason = _requested(body, tier_header)
-    if tier is None:
-        tier = auto_tier
-    compatible = fast_compatible(body)
-    parts = prompt_texts(body)
-    if tier is Tier.FAST and not compatible:
-        tier, reason = Tier.STANDARD, "capability"
+    _check_max_tokens(body, route.max_token_fields, max_tokens_limit)
+    parts = route.prompt(body)
     return InspectedRequest(
         body=body,
+        route=route,
         model=model,
         stream=stream,
         wants_usage=wants_usage,
-        choice=TierChoice(tier, reason),
-        fast_compatible=compatible,
+        asked=_requested(body, tier_header),
+        fast_compatible=not route.sampling or fast_compatible(body),
         prefix_key=prefix_key(parts, prefix_chars),
         prompt_chars=sum(len(p) for p in parts),
     )
@@ -196,7 +177,7 @@ def upstream_body(req: InspectedRequest) -> bytes:
     with usage requested on streams so that tokens are always counted."""
     body = dict(req.body)
     body.pop("service_tier", None)
-    if req.stream and not req.wants_usage:
+    if req.stream and req.route.asks_stream_usage and not req.wants_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body["stream_options"] = options

@@ -38,9 +38,9 @@ class StreamOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _EventRewriter:
-    """Rewrites one ``data:`` event: echoes the served tier, hides usage the client did
-    not ask for (the gateway always asks, to count tokens)."""
+class ChunkRewriter:
+    """Chat and completions: rewrites one ``data:`` event: echoes the served tier, hides
+    usage the client did not ask for (the gateway always asks, to count tokens)."""
 
     def __init__(self, served_tier: str, wants_usage: bool, outcome: StreamOutcome) -> None:
         self._tier = served_tier
@@ -78,16 +78,59 @@ class _EventRewriter:
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+_TERMINAL_RESPONSE_EVENTS = frozenset(
+    {"response.completed", "response.failed", "response.incomplete"}
+)
+
+
+class ResponseEventRewriter:
+    """The Responses API's typed events (``event:`` and ``data:`` lines, no ``[DONE]``): the
+    served tier goes into each event's ``response`` object; the stream is complete at its
+    terminal event, whose ``response.usage`` is the stream's usage."""
+
+    def __init__(self, served_tier: str, outcome: StreamOutcome) -> None:
+        self._tier = served_tier
+        self._outcome = outcome
+
+    def __call__(self, event: bytes) -> bytes | None:
+        if not event.strip():
+            return None
+        lines = event.split(b"\n")
+        at = next((i for i, line in enumerate(lines) if line.startswith(b"data:")), None)
+        if at is None:
+            return event + b"\n\n"
+        try:
+            obj = orjson.loads(lines[at][5:].strip())
+        except orjson.JSONDecodeError:
+            return event + b"\n\n"
+        if not isinstance(obj, dict):
+            return event + b"\n\n"
+        kind = obj.get("type")
+        if kind == "error":
+            self._outcome.error = "upstream_error_event"
+        if self._outcome.first_token_at is None and kind == "response.output_text.delta":
+            self._outcome.first_token_at = time.perf_counter()
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return event + b"\n\n"
+        response["service_tier"] = self._tier
+        if kind in _TERMINAL_RESPONSE_EVENTS:
+            self._outcome.completed = True
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self._outcome.usage = usage
+        lines[at] = b"data: " + orjson.dumps(obj)
+        return b"\n".join(lines) + b"\n\n"
+
+
 async def relay_events(
     opened: Opened,
-    served_tier: str,
-    wants_usage: bool,
+    rewrite: Callable[[bytes], bytes | None],
     between_chunks_seconds: float,
     outcome: StreamOutcome,
     on_finish: Callable[[StreamOutcome], None],
 ) -> AsyncIterator[bytes]:
     """Yield the client's bytes as upstream bytes arrive; always end the stream properly."""
-    rewrite = _EventRewriter(served_tier, wants_usage, outcome)
     buffer = b""
     reader = opened.response.content
     try:

@@ -18,6 +18,7 @@ from tiergate.backends.endpoint import Endpoint
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.policy import TierDecision
 from tiergate.gateway.selection import InspectedRequest
 from tiergate.settings import PolicySettings, TimeoutSettings
 from tiergate.tiers import Tier
@@ -70,20 +71,20 @@ class UpstreamCaller:
             sock_read=timeouts.first_byte_seconds,
         )
 
-    def tiers_for(self, req: InspectedRequest) -> list[Tier]:
-        first = req.choice.tier
-        tiers = [first]
-        other = first.other
-        compatible = other is not Tier.FAST or req.fast_compatible
-        if self._policy.fallback and compatible and other in req.allowed_tiers:
-            tiers.append(other)
-        return tiers
-
-    async def open(self, req: InspectedRequest, path: str, body: bytes, request_id: str) -> Opened:
+    async def open(
+        self,
+        req: InspectedRequest,
+        decision: TierDecision,
+        body: bytes,
+        request_id: str,
+        long_prompt: bool = False,
+    ) -> Opened:
+        """Open the request on the decision's tier, or its fallback (the policy's choice)."""
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        path = req.route.path
         last_error: OpenAIError | None = None
         attempts = 0
-        tiers = self.tiers_for(req)
+        tiers = decision.tiers
         for index, tier in enumerate(tiers):
             if index > 0:
                 reason = "timeout" if last_error and last_error.status == 504 else "unavailable"
@@ -97,7 +98,7 @@ class UpstreamCaller:
             tried: list[str] = []
             for _ in range(self._policy.max_attempts):
                 ep = self._pools[tier].choose(
-                    req.model, req.prefix_key, exclude=tried, long_prompt=req.long_prompt
+                    req.model, req.prefix_key, exclude=tried, long_prompt=long_prompt
                 )
                 if ep is None:
                     break

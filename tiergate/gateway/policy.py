@@ -1,0 +1,151 @@
+"""The one owner of a request's tier: :class:`TierPolicy` turns what was asked, what the
+key may use, what each tier can do and how busy the fast tier is into one immutable
+:class:`TierDecision` with its reason. Every route, and job submission, asks it; nothing
+else picks or changes a tier (the upstream caller only follows ``decision.tiers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tiergate.gateway.auth import Caller
+from tiergate.gateway.errors import OpenAIError
+from tiergate.settings import PolicySettings
+from tiergate.tiers import Tier
+
+
+class Reason(StrEnum):
+    REQUESTED = "requested"  # the body's service_tier
+    HEADER = "header"  # X-Tiergate-Tier
+    AUTO = "auto"  # nothing asked: policy.auto_tier
+    HEADROOM = "headroom"  # auto, and the fast tier's admission had (or lacked) headroom
+    CAPABILITY = "capability"  # the asked tier cannot serve this request; the other can
+    KEY = "key"  # the key may not use the implicit tier; it may use the other
+
+
+@dataclass(frozen=True, slots=True)
+class AskedTier:
+    """What the caller asked for: a tier (or None for auto) and where it was said."""
+
+    tier: Tier | None
+    reason: Reason = Reason.AUTO
+
+    @property
+    def explicit(self) -> bool:
+        return self.tier is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What serving the request takes of a tier."""
+
+    route: str
+    # False when the speculative (fast) engine would refuse the request's sampling options.
+    fast_compatible: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TierDecision:
+    tier: Tier
+    reason: Reason
+    # The tier to move to before the first byte if ``tier`` has no healthy endpoint.
+    fallback: Tier | None = None
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        return (self.tier,) if self.fallback is None else (self.tier, self.fallback)
+
+
+# Which routes a tier serves: None while its engines have not said (the route is then
+# assumed served, and vLLM's own answer stands).
+RouteSupport = Callable[[Tier, str], bool | None]
+
+
+class TierPolicy:
+    def __init__(
+        self,
+        settings: PolicySettings,
+        fast_has_headroom: Callable[[], bool],
+        serves_route: RouteSupport,
+    ) -> None:
+        self._settings = settings
+        self._fast_has_headroom = fast_has_headroom
+        self._serves_route = serves_route
+
+    def _can_serve(self, tier: Tier, needs: Needs) -> bool:
+        if tier is Tier.FAST and not needs.fast_compatible:
+            return False
+        return self._serves_route(tier, needs.route) is not False
+
+    def _default(self) -> tuple[Tier, Reason]:
+        auto = self._settings.auto_tier
+        if auto == "headroom":
+            tier = Tier.FAST if self._fast_has_headroom() else Tier.STANDARD
+            return tier, Reason.HEADROOM
+        return Tier(auto), Reason.AUTO
+
+    def decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierDecision:
+        """The tier to serve on, or the error that says why none can be: 403 for a tier the
+        key may not use, 400 for an asked tier that cannot serve the request, 404 for a
+        route neither tier serves."""
+        usable = [t for t in Tier if caller.may_use_tier(t)]
+        if asked.tier is not None:
+            tier, reason = asked.tier, asked.reason
+            if tier not in usable:
+                raise _tier_not_allowed(tier)
+        else:
+            tier, reason = self._default()
+            if tier not in usable:
+                if not usable:
+                    raise _tier_not_allowed(tier)
+                tier, reason = tier.other, Reason.KEY
+        if not self._can_serve(tier, needs):
+            # Same capabilities is the promise, so this is a tier whose engine refuses the
+            # request's sampling options (speculation) or lacks the route: the other serves.
+            other = tier.other
+            if other in usable and self._can_serve(other, needs):
+                return TierDecision(other, Reason.CAPABILITY)
+            if not any(self._serves_route(t, needs.route) is not False for t in Tier):
+                raise _route_not_served(needs.route)
+            if self._serves_route(tier, needs.route) is False:
+                raise _route_not_on_tier(tier, needs.route)
+            # Sampling options the fast engine refuses, and the key may not use standard:
+            # vLLM's own refusal says which option.
+        other = tier.other
+        fallback = (
+            other
+            if self._settings.fallback and other in usable and self._can_serve(other, needs)
+            else None
+        )
+        return TierDecision(tier, reason, fallback)
+
+
+def _tier_not_allowed(tier: Tier) -> OpenAIError:
+    return OpenAIError(
+        403,
+        f"This API key may not use the {tier.value} tier.",
+        param="service_tier",
+        code="tier_not_allowed",
+    )
+
+
+def _route_not_on_tier(tier: Tier, route: str) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"The {tier.value} tier's engines do not serve {route}, and this API key may not use "
+        f"the {tier.other.value} tier's.",
+        param="service_tier",
+        code="route_not_on_tier",
+    )
+
+
+def _route_not_served(route: str) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"No tier's engine serves {route}: vLLM serves it only for a model started for that "
+        "task (embeddings, score and rerank need a pooling model; this installation's engines "
+        "run a generative one).",
+        code="route_not_served",
+    )
