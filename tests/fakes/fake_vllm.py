@@ -39,6 +39,8 @@ class FakeBehaviour:
     replies: list[str] = field(default_factory=list)
     # Like vLLM's --api-key: /v1/* without this bearer token is answered 401.
     api_key: str | None = None
+    # False: /openapi.json answers 404, so a gateway cannot learn which routes it serves.
+    describes_routes: bool = True
 
 
 @dataclass
@@ -93,7 +95,7 @@ class FakeVllm:
         return bool(predicate())
 
     async def _start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[_fastapi_not_found])
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
@@ -167,6 +169,8 @@ class FakeVllm:
 
     async def _openapi(self, request: web.Request) -> web.Response:
         self._probe(request)
+        if not self.behaviour.describes_routes:
+            return web.json_response({"detail": "Not Found"}, status=404)
         paths = {path: {"post": {}} for path in self._paths}
         return web.json_response({"openapi": "3.1.0", "info": {"title": "fake"}, "paths": paths})
 
@@ -392,6 +396,15 @@ class FakeVllm:
         text = "".join(f"tok{i} " for i in range(b.chunks))
         await event("response.completed", {"response": self._response_object(text, "completed")})
         return resp
+
+
+@web.middleware
+async def _fastapi_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """An unknown route answers as vLLM's FastAPI app does: 404 ``{"detail": "Not Found"}``."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return web.json_response({"detail": "Not Found"}, status=404)
 
 
 POOLING_SCORE_PATHS = (

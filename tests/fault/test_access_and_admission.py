@@ -194,7 +194,7 @@ def test_auto_takes_fast_while_it_has_headroom(fakes: list[FakeVllm]) -> None:
         idle = httpx.post(url, json=CHAT)
         assert while_busy.json()["service_tier"] == "default"
         assert idle.json()["service_tier"] == "priority"
-        assert idle.headers["x-tiergate-tier-reason"] == "auto"
+        assert idle.headers["x-tiergate-tier-reason"] == "headroom"
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])

@@ -97,7 +97,7 @@ def test_engine_api_key_on_completions_and_probes(fakes: list[FakeVllm]) -> None
     assert [h["authorization"] for h in fakes[2].record.headers] == ["Bearer fast-engine-key"]
     for fake, expected in ((fakes[0], std), (fakes[2], "Bearer fast-engine-key")):
         paths = {path for path, _ in fake.record.probes}
-        assert paths == {"/health", "/metrics", "/v1/models"}
+        assert paths == {"/health", "/metrics", "/v1/models", "/openapi.json"}
         assert {auth for _, auth in fake.record.probes} == {expected}
 
 

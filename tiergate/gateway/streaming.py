@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -38,6 +38,12 @@ class StreamOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class EventRewriter(Protocol):
+    def __call__(self, event: bytes) -> bytes | None: ...
+
+    def error_event(self, message: str, code: str) -> bytes: ...
+
+
 class ChunkRewriter:
     """Chat and completions: rewrites one ``data:`` event: echoes the served tier, hides
     usage the client did not ask for (the gateway always asks, to count tokens)."""
@@ -46,6 +52,9 @@ class ChunkRewriter:
         self._tier = served_tier
         self._wants_usage = wants_usage
         self._outcome = outcome
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return sse_error_event(message, code)
 
     def __call__(self, event: bytes) -> bytes | None:
         if not event.startswith(b"data:"):
@@ -91,6 +100,13 @@ class ResponseEventRewriter:
     def __init__(self, served_tier: str, outcome: StreamOutcome) -> None:
         self._tier = served_tier
         self._outcome = outcome
+        self._sequence = 0
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """The Responses API's own error event (its clients read events by ``type``)."""
+        error: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        error.update(param=None, sequence_number=self._sequence + 1)
+        return b"event: error\ndata: " + orjson.dumps(error) + b"\n\n"
 
     def __call__(self, event: bytes) -> bytes | None:
         if not event.strip():
@@ -106,6 +122,8 @@ class ResponseEventRewriter:
         if not isinstance(obj, dict):
             return event + b"\n\n"
         kind = obj.get("type")
+        if isinstance(obj.get("sequence_number"), int):
+            self._sequence = obj["sequence_number"]
         if kind == "error":
             self._outcome.error = "upstream_error_event"
         if self._outcome.first_token_at is None and kind == "response.output_text.delta":
@@ -125,7 +143,7 @@ class ResponseEventRewriter:
 
 async def relay_events(
     opened: Opened,
-    rewrite: Callable[[bytes], bytes | None],
+    rewrite: EventRewriter,
     between_chunks_seconds: float,
     outcome: StreamOutcome,
     on_finish: Callable[[StreamOutcome], None],
@@ -141,7 +159,7 @@ async def relay_events(
             except TimeoutError:
                 outcome.error = "upstream_stalled"
                 opened.endpoint.record_failure()
-                yield sse_error_event(
+                yield rewrite.error_event(
                     f"The upstream sent nothing for {between_chunks_seconds:g}s; "
                     "the stream was ended.",
                     "upstream_timeout",
@@ -162,13 +180,13 @@ async def relay_events(
                 yield b"".join(parts)
         if not outcome.completed and outcome.error is None:
             outcome.error = "upstream_truncated"
-            yield sse_error_event(
+            yield rewrite.error_event(
                 "The upstream ended the stream before it was complete.", "upstream_stream_broken"
             )
     except (aiohttp.ClientError, OSError) as exc:
         outcome.error = "upstream_broken"
         opened.endpoint.record_failure()
-        yield sse_error_event(
+        yield rewrite.error_event(
             f"The upstream connection broke mid-stream ({type(exc).__name__}).",
             "upstream_stream_broken",
         )
