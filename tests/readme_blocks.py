@@ -28,7 +28,9 @@ def readme_block(name: str) -> tuple[str, str]:
 def run_readme_block(
     name: str, base_url: str, cwd: Path, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
+    """Run a block as written, but against ``base_url`` instead of ``make up``'s address."""
     language, code = readme_block(name)
+    code = code.replace("http://127.0.0.1:8000", base_url)
     command = {"bash": ["bash", "-c", code], "python": [sys.executable, "-c", code]}[language]
     env = {
         **os.environ,

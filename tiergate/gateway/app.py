@@ -318,6 +318,13 @@ def _register_proxied(app: FastAPI, route: Route, max_tokens_limit: int) -> None
 
 
 def _model_cards(state: GatewayState) -> list[dict[str, Any]]:
+    """OpenAI's model fields, plus which tiers serve the model (``tiers``) and what each of
+    them runs with the evidence for it (``tier_details``: recipe, measured speedup, parity
+    verdict, from the tuner's decision; ``GET /v1/tiers`` adds the hardware)."""
+    runs = {
+        entry["tier"]: {k: v for k, v in entry.items() if k != "hardware"}
+        for entry in state.evidence.describe()["data"]
+    }
     cards: dict[str, dict[str, Any]] = {}
     for tier, pool in state.pools.items():
         for name, card in pool.models().items():
@@ -330,7 +337,9 @@ def _model_cards(state: GatewayState) -> list[dict[str, Any]]:
                     "owned_by": "tiergate",
                     "max_model_len": card.get("max_model_len"),
                     "tiers": [],
+                    "tier_details": [],
                 },
             )
             merged["tiers"].append(tier.value)
+            merged["tier_details"].append(runs.get(tier.value, {"tier": tier.value}))
     return sorted(cards.values(), key=lambda c: str(c["id"]))
