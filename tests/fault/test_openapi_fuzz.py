@@ -1,51 +1,104 @@
-"""Schemathesis fuzzes the gateway's OpenAPI description against a real gateway over
-FakeVllm: no 5xx, and no status, content type or body outside the documented shapes.
+"""Schemathesis fuzzes the gateway's OpenAPI description, generated from OpenAI's and
+vLLM's request and response types, against a real gateway over FakeVllm: no 5xx, no valid
+request refused (the fakes accept any JSON, so a refusal is the gateway's own), and no
+status, content type, body or stream event outside the documented shapes.
 
 It runs as the schemathesis command (its pytest plugin does not load under this pytest),
-and the test fails when the command reports any failure.
+and a test fails when the command reports any failure. The examples and fuzzing phases
+only: the coverage phase enumerates every keyword of OpenAI's schemas (thousands of cases
+per operation) and does not fit the time a test may take.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.fakes.fake_vllm import FakeVllm
+from tests.fault.openapi_fuzz_hooks import POOLING_MODEL
 from tests.servers import gateway_settings, running_gateway
+from tiergate.gateway.routes import ROUTES
+
+REPO = Path(__file__).resolve().parents[2]
 
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,"
-    "response_schema_conformance"
+    "response_schema_conformance,positive_data_acceptance"
 )
 
+PROXIED = "^(?:" + "|".join(re.escape(path) for path in ROUTES) + ")$"
 
-def test_gateway_conforms_to_its_openapi(fakes: list[FakeVllm]) -> None:
+
+def _digest(stdout: str) -> str:
+    """The failures section of a report, each line cut short (bodies can be large)."""
+    start = stdout.find(" FAILURES ")
+    lines = stdout[max(start, 0) :].splitlines()
+    return "\n".join(line[:600] for line in lines)[-30000:]
+
+
+def _fuzz(
+    fakes: list[FakeVllm], tmp_path: Path, select: list[str], examples: int
+) -> tuple[str, FakeVllm]:
+    """Run schemathesis over the operations ``select`` picks; its report, and the pooling
+    fake (a generative model on both tiers, a pooling model on the standard one)."""
     schemathesis = Path(sys.executable).parent / "schemathesis"
-    settings = gateway_settings([fakes[0].url], [fakes[2].url])
-    with running_gateway(settings) as base:
-        proc = subprocess.run(
-            [
-                str(schemathesis),
-                "run",
-                f"{base}/openapi.json",
-                "--checks",
-                CHECKS,
-                "--max-examples",
-                "50",
-                "--seed",
-                "20261130",
-                "--request-timeout",
-                "10",
-                "--no-color",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    pooling = FakeVllm(POOLING_MODEL, pooling=True).start()
+    try:
+        settings = gateway_settings([fakes[0].url, fakes[1].url, pooling.url], [fakes[2].url])
+        with running_gateway(settings) as base:
+            proc = subprocess.run(
+                [
+                    str(schemathesis),
+                    "run",
+                    f"{base}/openapi.json",
+                    *select,
+                    "--checks",
+                    CHECKS,
+                    "--phases",
+                    "examples,fuzzing",
+                    "--max-examples",
+                    str(examples),
+                    "--seed",
+                    "20261130",
+                    "--continue-on-failure",
+                    "--generation-database",
+                    "none",
+                    "--request-timeout",
+                    "10",
+                    "--output-sanitize",
+                    "false",
+                    "--no-color",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+                cwd=tmp_path,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(REPO),
+                    "SCHEMATHESIS_HOOKS": "tests.fault.openapi_fuzz_hooks",
+                },
+            )
+    finally:
+        pooling.stop()
+    report = _digest(proc.stdout) + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     assert "passed" in proc.stdout.lower(), report
-    # The fuzzer did reach the completion routes and the backend behind them.
-    assert fakes[0].record.requests > 0, report
+    return proc.stdout, pooling
+
+
+def test_proxied_routes_conform_to_their_description(fakes: list[FakeVllm], tmp_path: Path) -> None:
+    stdout, pooling = _fuzz(fakes, tmp_path, ["--include-path-regex", PROXIED], 30)
+    # Every route of the table was fuzzed, and the requests reached the fakes behind it.
+    assert f"Tested: {len(ROUTES)}" in stdout, stdout[-3000:]
+    assert sum(f.record.requests for f in fakes) > 0, stdout[-3000:]
+    assert pooling.record.requests > 0, stdout[-3000:]
+
+
+def test_other_routes_conform_to_their_description(fakes: list[FakeVllm], tmp_path: Path) -> None:
+    stdout, _ = _fuzz(fakes, tmp_path, ["--exclude-path-regex", PROXIED], 25)
+    assert "/v1/models" in stdout, stdout[-3000:]

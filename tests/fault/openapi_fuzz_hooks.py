@@ -1,0 +1,28 @@
+"""Schemathesis hooks for the OpenAPI fuzz test (loaded through ``SCHEMATHESIS_HOOKS``).
+
+The description leaves ``model`` an open string (with the served models as examples), so
+most generated requests would name no served model and stop at the gateway's 404. To carry
+the generated shapes through the gateway to the fakes and back, each generated body names
+the model a fake serves for its route: the pooling model for pooling routes, the generative
+one for the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import schemathesis
+
+from tests.fakes.fake_vllm import MODEL
+from tiergate.gateway.routes import ROUTES, RouteKind
+
+POOLING_MODEL = "fake-embed"
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    operation = getattr(context, "operation", None)
+    route = ROUTES.get(operation.path) if operation is not None else None
+    if route is not None and isinstance(body, dict) and isinstance(body.get("model"), str):
+        body["model"] = POOLING_MODEL if route.kind is RouteKind.POOLING else MODEL
+    return body
