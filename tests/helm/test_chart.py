@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -219,3 +220,41 @@ def test_worker_and_gateway_settings_are_ones_tiergate_accepts(
 
 
 # --- Keys on by default --------------------------------------------------------------------
+
+
+def test_both_tiers_start_with_the_same_tool_calling() -> None:
+    def args(docs: list[dict[str, Any]], tier: str) -> list[str]:
+        spec = find(docs, "Deployment", f"rel-tiergate-vllm-{tier}")["spec"]["template"]["spec"]
+        return list(spec["containers"][0]["args"])
+
+    docs = render()
+    for tier in ("standard", "fast"):
+        assert "--enable-auto-tool-choice" in args(docs, tier)
+        assert "--tool-call-parser=llama3_json" in args(docs, tier)
+        assert not any(a.startswith("--chat-template") for a in args(docs, tier))
+    templated = render(
+        sets=("vllm.toolCalling.parser=hermes", "vllm.toolCalling.chatTemplate=/t/tools.jinja")
+    )
+    for tier in ("standard", "fast"):
+        assert {"--tool-call-parser=hermes", "--chat-template=/t/tools.jinja"} <= set(
+            args(templated, tier)
+        )
+    off = render(sets=("vllm.toolCalling.parser=",))
+    assert not any("tool" in a for a in args(off, "standard") + args(off, "fast"))
+
+
+def test_small_model_gets_the_chart_chat_template_for_tools() -> None:
+    docs = render(CHART / "ci" / "cpu-small.yaml")
+    shipped = find(docs, "ConfigMap", "rel-tiergate-chat-templates")["data"]
+    # The chart's copy is the package's template (what the local stack's engines use).
+    package = Path(__file__).resolve().parents[2] / "tiergate" / "engine" / "templates"
+    assert shipped["chatml_tools.jinja"] == (package / "chatml_tools.jinja").read_text()
+    for tier in ("standard", "fast"):
+        spec = find(docs, "Deployment", f"rel-tiergate-vllm-{tier}")["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        assert "--tool-call-parser=hermes" in container["args"]
+        assert (
+            "--chat-template=/etc/tiergate-chat-templates/chatml_tools.jinja" in container["args"]
+        )
+        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mount["chat-templates"] == "/etc/tiergate-chat-templates"
