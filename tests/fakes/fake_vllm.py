@@ -105,7 +105,7 @@ class FakeVllm:
         if self.pooling:
             app.router.add_post("/v1/embeddings", self._embeddings)
             for path in POOLING_SCORE_PATHS:
-                app.router.add_post(path, self._score)
+                app.router.add_post(path, self._rerank if "rerank" in path else self._score)
         else:
             app.router.add_post("/v1/chat/completions", self._complete)
             app.router.add_post("/v1/completions", self._complete)
@@ -204,7 +204,7 @@ class FakeVllm:
         if refused is not None:
             return refused
         tokens = body.get("tokens") or []
-        return web.json_response({"prompt": "".join(chr(int(t)) for t in tokens)})
+        return web.json_response({"prompt": "".join(_token_text(int(t)) for t in tokens)})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body, refused = await self._accepted(request)
@@ -228,6 +228,24 @@ class FakeVllm:
         usage = {"prompt_tokens": 4, "total_tokens": 4}
         return web.json_response(
             {"id": "score-1", "object": "list", "model": self.model, "data": [], "usage": usage}
+        )
+
+    async def _rerank(self, request: web.Request) -> web.Response:
+        body, refused = await self._accepted(request)
+        if refused is not None:
+            return refused
+        documents = body.get("documents") if isinstance(body.get("documents"), list) else []
+        results = [
+            {"index": i, "document": {"text": str(d)}, "relevance_score": 1.0 / (i + 1)}
+            for i, d in enumerate(documents)
+        ]
+        return web.json_response(
+            {
+                "id": "rerank-1",
+                "model": self.model,
+                "usage": {"prompt_tokens": 4, "total_tokens": 4},
+                "results": results,
+            }
         )
 
     def _chunk(self, i: int, chat: bool) -> dict[str, Any]:
@@ -367,7 +385,7 @@ class FakeVllm:
                 "input_tokens": 3,
                 "output_tokens": 3,
                 "total_tokens": 6,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens_details": {"reasoning_tokens": 0},
             }
             if status == "completed"
@@ -382,8 +400,12 @@ class FakeVllm:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
 
+        sequence = 0
+
         async def event(kind: str, data: dict[str, Any]) -> None:
-            payload = json.dumps({"type": kind, **data}).encode()
+            nonlocal sequence
+            sequence += 1
+            payload = json.dumps({"type": kind, "sequence_number": sequence, **data}).encode()
             await resp.write(b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n")
 
         await event("response.created", {"response": self._response_object("", "in_progress")})
@@ -392,7 +414,8 @@ class FakeVllm:
                 await asyncio.sleep(b.chunk_delay)
             if b.mode == "truncate_stream" and i == 2:
                 return resp
-            await event("response.output_text.delta", {"delta": f"tok{i} ", "output_index": 0})
+            delta = {"delta": f"tok{i} ", "item_id": "msg-1", "output_index": 0}
+            await event("response.output_text.delta", {**delta, "content_index": 0, "logprobs": []})
         text = "".join(f"tok{i} " for i in range(b.chunks))
         await event("response.completed", {"response": self._response_object(text, "completed")})
         return resp
@@ -429,6 +452,11 @@ def _texts(body: dict[str, Any]) -> list[str]:
     if isinstance(messages, list):
         return [str(m.get("content", "")) for m in messages if isinstance(m, dict)]
     return []
+
+
+def _token_text(token: int) -> str:
+    # The fake's tokenizer makes one token per character (its code point).
+    return chr(token) if 0 <= token < 0x110000 else f"<{token}>"
 
 
 def _prompt_chars(body: dict[str, Any]) -> int:

@@ -111,7 +111,7 @@ def test_embeddings_and_rerank_go_to_the_tier_that_serves_them(
         rerank = httpx.post(
             f"{base}/v1/rerank", json={"model": MODEL, "query": "q", "documents": ["a", "b"]}
         )
-        assert rerank.status_code == 200 and rerank.json()["object"] == "list"
+        assert rerank.status_code == 200 and len(rerank.json()["results"]) == 2
         # And chat goes to the tier whose engine generates.
         chat = httpx.post(
             f"{base}/v1/chat/completions",

@@ -24,7 +24,7 @@ from tiergate.gateway import openapi
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.jobroutes import register_job_routes
+from tiergate.gateway.jobroutes import add_job_components, register_job_routes
 from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.logs import AccessLog
@@ -219,6 +219,7 @@ def create_app(settings: Settings) -> FastAPI:
             else []
         )
         openapi.add_model_examples(schema, names)
+        add_job_components(schema)
         return schema
 
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]

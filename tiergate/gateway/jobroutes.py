@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI
 from tiergate.queue.schema import JobCreate
+
+# The job's schema with its nested models under the description's components/schemas.
+_JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+_JOB_DEFS: dict[str, Any] = _JOB_CREATE.pop("$defs", {})
+
+
+def add_job_components(schema: dict[str, Any]) -> None:
+    """Install the job schema's nested models in the description's components."""
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(_JOB_DEFS)
 
 
 def register_job_routes(app: FastAPI) -> None:
@@ -29,7 +40,7 @@ def register_job_routes(app: FastAPI) -> None:
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": JobCreate.model_json_schema()}},
+                "content": {"application/json": {"schema": _JOB_CREATE}},
             },
             "parameters": [
                 {
@@ -65,9 +76,11 @@ def register_job_routes(app: FastAPI) -> None:
         return await api(request).upload(request)
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors)
-    async def list_jobs(request: Request, after: str | None = None, limit: int = 20) -> Response:
-        if not 1 <= limit <= 100:
-            raise OpenAIError(400, "limit must be between 1 and 100.", param="limit")
+    async def list_jobs(
+        request: Request,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> Response:
         return await api(request).listing(request, after, limit)
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors)
@@ -80,8 +93,8 @@ def register_job_routes(app: FastAPI) -> None:
         return await api(request).cancel(request, job_id)
 
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], responses=errors)
-    async def job_events(request: Request, job_id: str, starting_after: int = 0) -> Response:
+    async def job_events(
+        request: Request, job_id: str, starting_after: Annotated[int, Query(ge=0)] = 0
+    ) -> Response:
         """Server-Sent Events of status changes and steps, each with a sequence_number."""
-        if starting_after < 0:
-            raise OpenAIError(400, "starting_after must be 0 or more.", param="starting_after")
         return await api(request).events(request, job_id, starting_after)

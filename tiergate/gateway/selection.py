@@ -124,6 +124,9 @@ def _check_max_tokens(body: dict[str, Any], names: tuple[str, ...], limit: int) 
         value = body.get(name)
         if value is None:
             continue
+        # JSON has one number type: 16.0 is the integer 16 (as for vLLM's validation).
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
             raise OpenAIError(400, f"{name} must be an integer.", param=name)
         if value > limit:
