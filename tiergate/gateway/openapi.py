@@ -74,6 +74,19 @@ MODEL_CARD: dict[str, Any] = {
         "object": {"const": "model"},
         "owned_by": {"type": "string"},
         "tiers": {"type": "array", "items": {"enum": ["standard", "fast"]}},
+        "tier_details": {
+            "type": "array",
+            "description": "What each serving tier runs: recipe, measured speedup, parity",
+            "items": {
+                "type": "object",
+                "required": ["tier"],
+                "properties": {
+                    "tier": {"enum": ["standard", "fast"]},
+                    "service_tier": {"type": "string"},
+                    "runs": {"type": "string"},
+                },
+            },
+        },
     },
 }
 
