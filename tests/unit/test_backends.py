@@ -95,3 +95,58 @@ def test_fast_profile_renders_speculative_config() -> None:
     assert cmd[cmd.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
     env = vllm_environment(profile)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+async def _routes_seen(openapi_answer: tuple[int, str]) -> tuple[frozenset[str] | None, int]:
+    """What a pool learns of a server's routes from its /openapi.json answer, and how many
+    times it asked over three health rounds."""
+    import aiohttp
+    from aiohttp import web
+
+    from tiergate.backends.pool import TierPool
+    from tiergate.settings import HealthSettings, PoolSettings, RoutingSettings
+
+    asked = 0
+
+    async def openapi(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        status, text = openapi_answer
+        return web.Response(status=status, text=text, content_type="application/json")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"data": []})
+
+    app = web.Application()
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/{tail:.*}", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as session:
+        pool = TierPool(
+            Tier.STANDARD,
+            PoolSettings(endpoints=[f"http://127.0.0.1:{port}"]),
+            HealthSettings(),
+            RoutingSettings(),
+            session,
+        )
+        for _ in range(3):
+            await pool.check_all()
+        (ep,) = pool.endpoints.values()
+        await runner.cleanup()
+        return ep.routes, asked
+
+
+async def test_routes_learned_once_from_a_real_description() -> None:
+    described = '{"paths": {"/v1/chat/completions": {"post": {}}, "/health": {"get": {}}}}'
+    assert await _routes_seen((200, described)) == (frozenset({"/v1/chat/completions"}), 1)
+
+
+async def test_a_server_answering_every_path_alike_leaves_routes_unknown() -> None:
+    # A stand-in backend (the benchmark's nginx) answers /openapi.json with a completion: no
+    # routes learned (all assumed served), and not asked again every health round.
+    assert await _routes_seen((200, '{"id": "x", "choices": []}')) == (None, 1)
+    assert await _routes_seen((404, '{"detail": "Not Found"}')) == (None, 1)

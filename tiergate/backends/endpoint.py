@@ -35,6 +35,9 @@ class Endpoint:
     # The POST routes its engine serves (vLLM registers routes by the model's task), from
     # its /openapi.json; None until it has answered.
     routes: frozenset[str] | None = None
+    # The description was asked for and answered (with or without routes): not asked again
+    # until the engine has been unhealthy (restarted, perhaps with another model).
+    routes_asked: bool = False
     from_discovery: bool = False
 
     def available(self, now: float | None = None) -> bool:

@@ -183,11 +183,11 @@ class TierPool:
             ep.healthy = False
         if ep.healthy:
             probes = [self._scrape_load(ep), self._fetch_models(ep)]
-            if ep.routes is None:
+            if not ep.routes_asked:
                 probes.append(self._fetch_routes(ep))
             await asyncio.gather(*probes)
         else:
-            ep.routes = None  # a restarted engine may serve another task
+            ep.routes, ep.routes_asked = None, False  # a restarted engine may serve another task
         if was_healthy != ep.healthy:
             log.warning(
                 "endpoint %s (%s) is now %s",
@@ -214,8 +214,11 @@ class TierPool:
             async with self._session.get(
                 f"{ep.url}/openapi.json", timeout=timeout, headers=self.auth_headers
             ) as resp:
-                if resp.status == 200:
-                    paths = (await resp.json()).get("paths", {})
+                ep.routes_asked = True
+                paths = (await resp.json()).get("paths") if resp.status == 200 else None
+                # Only a description that lists routes says anything about them: a server
+                # answering every path alike (or none) leaves them unknown, hence assumed.
+                if isinstance(paths, dict) and paths:
                     ep.routes = frozenset(p for p, ops in paths.items() if "post" in ops)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError) as exc:
             log.debug("route list of %s failed: %s", ep.url, exc)
