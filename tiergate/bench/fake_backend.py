@@ -1,7 +1,10 @@
 """ZeroCostFakeBackend: a fake vLLM-compatible streaming server for the gateway benchmark.
 
 It streams ``chunks`` SSE events ``gap_ms`` apart and does nothing else, so that what the
-benchmark sees through the gateway is the gateway's own cost. Run as
+benchmark sees through the gateway is the gateway's own cost. Each chunk carries the
+moment it was written (``sent_at``, ``time.monotonic()``: one clock for every process on
+the machine), so a client measures each chunk's transit through a proxy exactly, free of
+the scheduling drift of the gaps themselves. Run as
 ``python -m tiergate.bench.fake_backend PORT CHUNKS GAP_MS``.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 from aiohttp import web
 
@@ -17,15 +21,20 @@ MODEL = "bench-model"
 
 
 def build_app(chunks: int, gap_ms: float) -> web.Application:
-    chunk = json.dumps(
-        {
-            "id": "b",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": MODEL,
-            "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
-        }
-    ).encode()
+    head, tail = (
+        json.dumps(
+            {
+                "id": "b",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": MODEL,
+                "sent_at": 0.5,
+                "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
+            }
+        )
+        .encode()
+        .split(b"0.5", 1)
+    )
     usage = json.dumps(
         {
             "id": "b",
@@ -54,7 +63,8 @@ def build_app(chunks: int, gap_ms: float) -> web.Application:
         for i in range(chunks):
             if i:
                 await asyncio.sleep(gap_ms / 1000.0)
-            await resp.write(b"data: " + chunk + b"\n\n")
+            sent_at = repr(time.monotonic()).encode()
+            await resp.write(b"data: " + head + sent_at + tail + b"\n\n")
         await resp.write(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
         return resp
 
