@@ -12,8 +12,9 @@ STAMP=$VENV/.tiergate-installed
 WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 
 # nginx-light and wrk: the gateway benchmark (`make bench`) and its smoke test, which
-# `make test` runs and which fails, rather than skips, without them.
-apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap nginx-light wrk)
+# `make test` runs and which fails, rather than skips, without them. libseccomp2: the job
+# sandbox's system-call filter (the pyseccomp package loads it).
+apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap libseccomp2 nginx-light wrk)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

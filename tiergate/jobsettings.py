@@ -78,6 +78,9 @@ class SandboxSettings(_Section):
     # The explicit opt-out: run jobs without memory, CPU and process limits where no cgroup
     # can be created (the worker refuses to start without them otherwise).
     allow_unlimited: bool = False
+    # The explicit opt-out: run jobs without the system-call filter where it cannot be built
+    # (libseccomp missing); the worker refuses to start without it otherwise.
+    allow_no_seccomp: bool = False
     max_processes: int = Field(256, ge=8, le=65536)
 
     @field_validator("cgroup_parent")

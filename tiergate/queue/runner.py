@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
@@ -206,11 +207,17 @@ class JobRunner:
                 return "finished"
             verifier_log = None
             if spec.verifier is not None:
+                # On a copy of the agent's workspace without its reward file, with the
+                # workspace off Python's import path (see tiergate.sandbox.sandbox); the
+                # artifact keeps the agent's workspace.
+                sandbox.prepare_verifier(spec.verifier.reward_file)
                 with self._metrics.sandbox("verifier"):
-                    result = sandbox.run(spec.verifier.command, spec.verifier.timeout_seconds)
+                    result = sandbox.run(
+                        spec.verifier.command, spec.verifier.timeout_seconds, verifier=True
+                    )
                 verifier_log = result.output
-                sandbox.check_disk(disk)
-                reward = _read_reward(sandbox, spec.verifier.reward_file)
+                sandbox.check_disk(disk, verifier=True)
+                reward = _read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
                 self._jobs.verified(
                     job,
                     JobResult(
@@ -293,11 +300,11 @@ class JobRunner:
             log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
 
 
-def _read_reward(sandbox: Sandbox, name: str | None) -> float | None:
+def _read_reward(workspace: Path, name: str | None) -> float | None:
     if not name:
         return None
-    path = (sandbox.workspace / name).resolve()
-    if not path.is_relative_to(sandbox.workspace.resolve()) or not path.is_file():
+    path = (workspace / name).resolve()
+    if not path.is_relative_to(workspace.resolve()) or not path.is_file():
         return None
     try:
         return float(path.read_text().strip().split()[0])

@@ -1,6 +1,13 @@
 """The command line a job's command runs under: rlimits (prlimit), then, as root, a drop to
 the unprivileged sandbox user (setpriv), then bubblewrap with no network, a private
-``/tmp``, read-only ``/usr`` and the workspace at ``/workspace``.
+``/tmp``, read-only ``/usr`` and the workspace at ``/workspace``; in a user namespace that
+cannot make another (``--disable-userns``), under the system-call filter of
+:mod:`tiergate.sandbox.seccomp` (``--seccomp FD``).
+
+The verifier's commands (``verifier=True``) also run with ``PYTHONSAFEPATH=1`` and
+``PYTHONNOUSERSITE=1`` and ``HOME=/tmp``, so that Python puts neither the workspace nor a
+user site directory in it on the import path, and no dotfile the agent left is read as
+the home directory's.
 
 Bubblewrap runs unprivileged (user namespaces) either way, as it does in a pod, so a
 root worker's sandbox is no stronger than a non-root one's and a bug in it gives no root.
@@ -18,10 +25,14 @@ from tiergate.settings import SandboxSettings
 GATE = 'IFS= read -r go && [ "$go" = run ] && exec "$@" </dev/null; exit 125'
 
 
-def bwrap_argv(workspace: Path, command: str) -> list[str]:
+def bwrap_argv(
+    workspace: Path, command: str, seccomp_fd: int | None = None, verifier: bool = False
+) -> list[str]:
     argv = [
         "bwrap",
         "--unshare-all",
+        "--unshare-user",  # --disable-userns needs it named
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--clearenv",
@@ -38,7 +49,12 @@ def bwrap_argv(workspace: Path, command: str) -> list[str]:
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
     argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
-    argv += ["--setenv", "HOME", "/workspace", "--setenv", "LANG", "C.UTF-8"]
+    argv += ["--setenv", "HOME", "/tmp" if verifier else "/workspace"]
+    argv += ["--setenv", "LANG", "C.UTF-8"]
+    if verifier:
+        argv += ["--setenv", "PYTHONSAFEPATH", "1", "--setenv", "PYTHONNOUSERSITE", "1"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--cap-drop", "ALL", "--", "/bin/sh", "-c", command]
 
 
@@ -50,9 +66,12 @@ def command_argv(
     cpu_seconds: int,
     as_root: bool,
     gated: bool,
+    seccomp_fd: int | None = None,
+    verifier: bool = False,
 ) -> list[str]:
-    """The whole command line; ``gated`` puts :data:`GATE` in front (stdin must be a pipe)."""
-    argv = bwrap_argv(workspace, command)
+    """The whole command line; ``gated`` puts :data:`GATE` in front (stdin must be a pipe);
+    ``seccomp_fd`` must reach bubblewrap open (``pass_fds``)."""
+    argv = bwrap_argv(workspace, command, seccomp_fd, verifier)
     if as_root:
         argv = [
             "setpriv",

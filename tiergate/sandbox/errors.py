@@ -18,3 +18,11 @@ class LimitsUnavailable(SandboxError):
     def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason or message  # what was tried and why it failed, without advice
+
+
+class SeccompUnavailable(LimitsUnavailable):
+    """The system-call filter cannot be built here (libseccomp or its binding missing).
+
+    A :class:`LimitsUnavailable`, so the worker refuses to start on it the same way (unless
+    ``allow_no_seccomp``), and a job that meets it fails as a sandbox failure.
+    """

@@ -10,6 +10,7 @@ import io
 import lzma
 import os
 import posixpath
+import shutil
 import tarfile
 import zlib
 from pathlib import Path
@@ -86,3 +87,39 @@ def workspace_bytes(workspace: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+def copy_tree(source: Path, target: Path) -> list[str]:
+    """Copy a workspace: directories, regular files (content and mode) and symbolic links
+    (as links, never followed); fifos, sockets and devices are left out, and so is what
+    cannot be read. Returns the relative paths left out. Hard links become separate files.
+    """
+    left: list[str] = []
+    target.mkdir(mode=0o755)
+
+    def walk(src: Path, dst: Path, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(src), key=lambda e: e.name)
+        except OSError:
+            left.append(rel or ".")
+            return
+        for entry in entries:
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            out = dst / entry.name
+            try:
+                if entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), out)
+                elif entry.is_dir(follow_symlinks=False):
+                    out.mkdir()
+                    walk(Path(entry.path), out, name)
+                    os.chmod(out, entry.stat(follow_symlinks=False).st_mode & 0o777)
+                elif entry.is_file(follow_symlinks=False):
+                    shutil.copyfile(entry.path, out, follow_symlinks=False)
+                    os.chmod(out, entry.stat(follow_symlinks=False).st_mode & 0o777)
+                else:
+                    left.append(name)
+            except OSError:
+                left.append(name)
+
+    walk(source, target, "")
+    return left

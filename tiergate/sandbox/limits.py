@@ -3,7 +3,8 @@
 A job without these limits can take the worker's node down (a fork bomb, a runaway
 allocation), so a missing cgroup is an error unless the operator opted out with
 ``allow_unlimited``; the worker calls :func:`probe_limits` at start to fail once, clearly,
-rather than on every job.
+rather than on every job. The same probe builds the system-call filter
+(:mod:`tiergate.sandbox.seccomp`), required unless ``allow_no_seccomp``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from tiergate.queue.schema import JobLimits
 from tiergate.sandbox.cgroup import CgroupParent, find_parent, unavailable, write
 from tiergate.sandbox.errors import LimitsUnavailable, SandboxError
+from tiergate.sandbox.seccomp import probe_seccomp
 from tiergate.settings import SandboxSettings
 
 _PERIOD_US = 100_000
@@ -120,8 +122,13 @@ class JobCgroup:
 
 def probe_limits(settings: SandboxSettings) -> str:
     """Check that jobs will get their limits: make a test cgroup where the jobs' go, move
-    a process into it and remove it. Returns what was found; raises
-    :class:`LimitsUnavailable` (unless ``allow_unlimited``) saying what to do otherwise."""
+    a process into it and remove it; and build the system-call filter. Returns what was
+    found; raises :class:`LimitsUnavailable` (unless ``allow_unlimited``), or its subclass
+    :class:`SeccompUnavailable` (unless ``allow_no_seccomp``), saying what to do otherwise."""
+    return f"{_probe_cgroup(settings)}; {probe_seccomp(settings)}"
+
+
+def _probe_cgroup(settings: SandboxSettings) -> str:
     try:
         parent = find_parent(settings)
         problem = _try(parent, settings)

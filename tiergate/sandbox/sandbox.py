@@ -3,7 +3,27 @@
 Limits: memory, process count and CPU through the job's cgroup (required unless the
 operator set ``allow_unlimited``); file size, open files and CPU seconds through rlimits;
 the workspace's size through :meth:`Sandbox.check_disk`, which the runner calls after
-each stage. Output is captured bounded, whatever a command prints.
+each stage. Output is captured bounded, whatever a command prints. Every command runs
+under the system-call filter (required unless the operator set ``allow_no_seccomp``).
+
+The verifier runs on a copy (:meth:`Sandbox.prepare_verifier`, then ``run(...,
+verifier=True)``), made after the agent's last command, so that nothing the agent runs
+can touch it. What that guarantees, and what not:
+
+- the reward file does not exist when the verifier starts (the agent's is removed from
+  the copy): a reward is read only if the verifier's own commands wrote it, on the copy;
+- the verifier's Python puts neither the workspace nor a user site directory in it on its
+  import path (``PYTHONSAFEPATH=1``, ``PYTHONNOUSERSITE=1``, no ``PYTHONPATH``, ``HOME`` is
+  the private ``/tmp``), so an ``os.py`` or ``sitecustomize.py`` the agent left is not
+  imported by ``python3 script.py``, ``-c`` or ``-m``;
+- the agent's workspace is left as the agent left it (the job's artifact), whatever the
+  verifier does to the copy;
+- not guaranteed: whatever the verifier itself chooses to read or run from the workspace
+  is the agent's to change: its scripts and test files if they are in the workspace, a
+  ``conftest.py`` or ``pytest.ini`` that pytest finds there (and the directory pytest puts
+  on ``sys.path`` itself), a ``Makefile``, ``package.json`` and the like, an explicit
+  ``sys.path`` change or ``cd`` into the workspace's packages. A verifier to be trusted
+  brings its own files (in its command) and treats the workspace as data.
 """
 
 from __future__ import annotations
@@ -19,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.queue.schema import JobLimits
-from tiergate.sandbox import files
+from tiergate.sandbox import files, seccomp
 from tiergate.sandbox.bwrap import command_argv
 from tiergate.sandbox.capture import read_bounded
 from tiergate.sandbox.cgroup import find_parent
@@ -53,6 +73,7 @@ class Sandbox:
         self._limits = limits
         self._settings = settings
         self._as_root = os.geteuid() == 0
+        self._filter = seccomp.program(settings)  # before anything is made: may raise
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._cgroup = self._make_cgroup(job_id)
@@ -62,6 +83,7 @@ class Sandbox:
             base.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.root, ignore_errors=True)
             self.workspace = self.root / "workspace"
+            self.verifier_workspace = self.root / "verify"
             self.workspace.mkdir(parents=True)
             if self._as_root:
                 # The unprivileged sandbox user must reach its workspace (but list nothing else).
@@ -105,47 +127,83 @@ class Sandbox:
     def workspace_bytes(self) -> int:
         return files.workspace_bytes(self.workspace)
 
-    def check_disk(self, limit_bytes: int | None = None) -> int:
-        """The workspace's size in bytes; :class:`SandboxError` when over ``limit_bytes``
-        (default: the job's ``disk_mb``)."""
+    def check_disk(self, limit_bytes: int | None = None, verifier: bool = False) -> int:
+        """The workspace's (or the verifier's copy's) size in bytes; :class:`SandboxError`
+        when over ``limit_bytes`` (default: the job's ``disk_mb``)."""
         limit = self._limits.disk_mb * _MiB if limit_bytes is None else limit_bytes
-        used = self.workspace_bytes()
+        used = files.workspace_bytes(self.verifier_workspace if verifier else self.workspace)
         if used > limit:
+            which = "the verifier's copy of the workspace" if verifier else "the workspace"
             raise SandboxError(
-                f"the workspace holds {used} bytes, over the job's disk limit of {limit} "
+                f"{which} holds {used} bytes, over the job's disk limit of {limit} "
                 f"bytes (disk_mb={self._limits.disk_mb})"
             )
         return used
 
+    def prepare_verifier(self, reward_file: str | None) -> list[str]:
+        """Copy the workspace to :attr:`verifier_workspace` (anew) for the verifier, without
+        ``reward_file``; returns what the copy left out (see :func:`files.copy_tree`)."""
+        shutil.rmtree(self.verifier_workspace, ignore_errors=True)
+        try:
+            left = files.copy_tree(self.workspace, self.verifier_workspace)
+        except OSError as exc:
+            raise SandboxError(f"cannot copy the workspace for the verifier: {exc}") from exc
+        if reward_file:
+            self._remove_in_copy(reward_file)
+        return left
+
+    def _remove_in_copy(self, name: str) -> None:
+        top = self.verifier_workspace.resolve()
+        path = self.verifier_workspace / name
+        # Resolved first: a parent the agent made a link out of the copy is not followed.
+        resolved = path.parent.resolve() / path.name
+        if not resolved.is_relative_to(top) or resolved == top:
+            return  # out of the copy: never read as the reward either
+        if resolved.is_dir() and not resolved.is_symlink():
+            shutil.rmtree(resolved)
+        elif os.path.lexists(resolved):
+            resolved.unlink()
+
     # -- commands ---------------------------------------------------------------------------
 
-    def run(self, command: str, timeout: float) -> CommandResult:
+    def run(self, command: str, timeout: float, verifier: bool = False) -> CommandResult:
+        """Run ``command`` in the workspace, or (``verifier``) in the verifier's copy with
+        the verifier's environment."""
+        workspace = self.verifier_workspace if verifier else self.workspace
         if self._as_root:
             uid, gid = self._settings.uid, self._settings.gid
-            os.chown(self.workspace, uid, gid)
-            for dirpath, dirs, names in os.walk(self.workspace):
+            os.chown(workspace, uid, gid)
+            for dirpath, dirs, names in os.walk(workspace):
                 for name in dirs + names:
                     os.lchown(os.path.join(dirpath, name), uid, gid)
         started = time.monotonic()
         deadline = started + timeout
         gated = self._cgroup is not None
-        argv = command_argv(
-            self.workspace,
-            command,
-            self._limits,
-            self._settings,
-            cpu_seconds=max(1, int(timeout * self._limits.cpus) + 1),
-            as_root=self._as_root,
-            gated=gated,
-        )
-        with self._lock:
-            proc = self._proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
-                start_new_session=True,
+        filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
+        try:
+            argv = command_argv(
+                workspace,
+                command,
+                self._limits,
+                self._settings,
+                cpu_seconds=max(1, int(timeout * self._limits.cpus) + 1),
+                as_root=self._as_root,
+                gated=gated,
+                seccomp_fd=filter_fd,
+                verifier=verifier,
             )
+            with self._lock:
+                proc = self._proc = subprocess.Popen(
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
+                    start_new_session=True,
+                    pass_fds=() if filter_fd is None else (filter_fd,),
+                )
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
         assert proc.stdout is not None
         try:
             if self._cgroup is not None and proc.stdin is not None:

@@ -1,0 +1,214 @@
+"""The sandbox's harder walls, with real bubblewrap: no nested user namespaces, a
+system-call filter, and a verifier that reads a copy of the workspace the agent could not
+plant its reward or Python modules in."""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobstack import JobsStack, jobs_stack
+from tiergate.queue.schema import JobLimits
+from tiergate.sandbox import Sandbox, probe_limits, seccomp
+from tiergate.sandbox.bwrap import command_argv
+from tiergate.sandbox.errors import SeccompUnavailable
+from tiergate.settings import SandboxSettings
+
+WORK = "/tmp/tiergate-sandboxes/walls"
+ROOT = os.geteuid() == 0
+X86_64 = platform.machine() == "x86_64"
+
+# Calls the filter refuses and an unprivileged process may otherwise make: the first
+# three work without the filter, so their EPERM is the filter's.
+PROBE = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, result):
+    print(name, "ok" if result != -1 else os.strerror(ctypes.get_errno()))
+call("keyctl", libc.syscall(250, 0, -3, 0))  # KEYCTL_GET_KEYRING_ID, the session keyring
+call("ptrace", libc.ptrace(0, 0, 0, 0))  # PTRACE_TRACEME
+call("personality", libc.personality(0x0040000))  # ADDR_NO_RANDOMIZE
+call("clone3", libc.syscall(435, 0, 0))
+call("unshare", libc.unshare(0x10000000))  # CLONE_NEWUSER
+call("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+"""
+
+ORDINARY = (
+    "echo a | tr a b > piped.txt && sh -c 'cat piped.txt' && "
+    'python3 -c "import subprocess, threading; '
+    "print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip()); "
+    "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\""
+)
+
+
+def _box(settings: SandboxSettings | None = None) -> Sandbox:
+    return Sandbox(
+        f"w{uuid.uuid4().hex[:8]}",
+        JobLimits(memory_mb=256, disk_mb=5),
+        settings or SandboxSettings(work_dir=WORK),
+    )
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    box = _box()
+    yield box
+    box.close()
+
+
+def _lines(output: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+
+
+def test_nested_namespaces_are_refused_inside_the_sandbox(sandbox: Sandbox) -> None:
+    result = sandbox.run(
+        "unshare -U true; echo unshare=$?; unshare --user --map-root-user true; echo map=$?; "
+        "bwrap --ro-bind / / true; echo bwrap=$?; echo fine > ok.txt && cat ok.txt",
+        timeout=20,
+    )
+    lines = result.output.splitlines()
+    assert "unshare=1" in lines and "map=1" in lines and "bwrap=1" in lines, result.output
+    assert result.exit_code == 0 and lines[-1] == "fine", result.output
+
+
+def test_disable_userns_holds_without_the_filter() -> None:
+    """--disable-userns on its own (no --seccomp): the kernel refuses a nested user
+    namespace with ENOSPC (its limit, set to 1 in the sandbox), not the filter's EPERM."""
+    top = Path(tempfile.mkdtemp(prefix="tiergate-walls-", dir="/tmp"))
+    top.chmod(0o755)  # the sandbox user reaches its workspace
+    workspace = top / "ws"
+    workspace.mkdir()
+    if ROOT:
+        os.chown(workspace, 65534, 65534)
+    argv = command_argv(
+        workspace,
+        "unshare -U true; echo unshare=$?; echo fine",
+        JobLimits(),
+        SandboxSettings(),
+        cpu_seconds=10,
+        as_root=ROOT,
+        gated=False,
+    )
+    assert "--disable-userns" in argv and "--seccomp" not in argv
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["unshare=1", "fine"], out
+    assert "No space left on device" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(not X86_64, reason="the probe uses x86_64 system-call numbers")
+def test_the_filter_refuses_what_a_job_has_no_use_for(sandbox: Sandbox) -> None:
+    result = sandbox.run(f"python3 -c '{PROBE}' && {ORDINARY}", timeout=30)
+    assert result.exit_code == 0, result.output
+    calls = _lines(result.output)
+    for name in ("keyctl", "ptrace", "personality", "unshare", "mount"):
+        assert calls[name] == "Operation not permitted", result.output
+    assert calls["clone3"] == "Function not implemented", result.output  # libc falls back
+    assert result.output.split()[-3:] == ["b", "child", "thread"], result.output
+
+
+@pytest.mark.skipif(not X86_64, reason="the probe uses x86_64 system-call numbers")
+def test_without_the_filter_the_same_calls_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the EPERMs above are the filter's (allowed off, they succeed)."""
+    monkeypatch.setattr(seccomp, "compiled", _unavailable)
+    box = _box(SandboxSettings(work_dir=WORK, allow_no_seccomp=True))
+    try:
+        result = box.run(f"python3 -c '{PROBE}'", timeout=30)
+    finally:
+        box.close()
+    calls = _lines(result.output)
+    assert [calls[n] for n in ("keyctl", "ptrace", "personality")] == ["ok"] * 3, result.output
+
+
+def _unavailable() -> bytes:
+    raise seccomp.unavailable("no libseccomp here (test)")
+
+
+def test_no_filter_means_no_worker_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seccomp, "compiled", _unavailable)
+    settings = SandboxSettings(work_dir=WORK, allow_unlimited=True)
+    with pytest.raises(SeccompUnavailable, match="allow_no_seccomp=true"):
+        probe_limits(settings)
+    with pytest.raises(SeccompUnavailable):
+        _box(settings)
+    allowed = settings.model_copy(update={"allow_no_seccomp": True})
+    assert "seccomp OFF" in probe_limits(allowed)
+
+
+def test_the_filter_builds_here() -> None:
+    assert "seccomp filter" in seccomp.probe_seccomp(SandboxSettings())
+    assert len(seccomp.compiled()) % 8 == 0  # struct sock_filter: 8 bytes each
+
+
+# -- the verifier's copy ------------------------------------------------------------------
+
+PLANT = (
+    "```bash\n"
+    "echo 1.0 > reward.txt\n"
+    "for m in sitecustomize os json; do "
+    'printf \'open("/workspace/reward.txt", "w").write("1.0")\\n\' > $m.py; done\n'
+    "mkdir -p .local/lib/python3.11/site-packages && "
+    "cp sitecustomize.py .local/lib/python3.11/site-packages/usercustomize.py\n"
+    "echo 41 > answer.txt\n"
+    "```"
+)
+CHECK = "python3 -c 'import json, os; print(\"checked\")'"
+TASK: dict[str, Any] = {
+    "model": MODEL,
+    "instruction": "Write six times seven into answer.txt.",
+    "limits": {"max_steps": 3, "timeout_seconds": 60},
+}
+
+
+def _final(stack: JobsStack, body: dict[str, Any]) -> dict[str, Any]:
+    job = stack.submit(body)
+    stack.start_worker()
+    return stack.wait(job["id"], lambda j: j["status"] not in ("queued", "in_progress"))
+
+
+def test_a_planted_reward_or_module_gives_no_reward(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = [PLANT, "DONE"]
+    verifier = {"command": f"{CHECK} && cd /workspace && {CHECK}", "reward_file": "reward.txt"}
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        final = _final(stack, {**TASK, "verifier": verifier})
+        assert final["status"] == "completed", final
+        assert final["result"] == {"passed": True, "reward": None, "verifier_exit_code": 0}
+        assert httpx.get(final["artifacts"]["verifier_log"]).text.split() == ["checked"] * 2
+        # The artifact is the agent's workspace, planted files and all.
+        archive = httpx.get(final["artifacts"]["workspace"]).content
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            planted = tar.extractfile("workspace/reward.txt")
+            assert planted is not None and planted.read() == b"1.0\n"
+            assert "workspace/sitecustomize.py" in tar.getnames()
+
+
+def test_a_reward_the_verifier_writes_counts(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = ["```bash\necho 0.25 > reward.txt; echo 42 > answer.txt\n```", "DONE"]
+    verifier = {
+        "command": 'test "$(cat answer.txt)" = 42 && test ! -e reward.txt && echo .75 >reward.txt',
+        "reward_file": "reward.txt",
+    }
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        final = _final(stack, {**TASK, "verifier": verifier})
+        assert final["status"] == "completed", final
+        assert final["result"] == {"passed": True, "reward": 0.75, "verifier_exit_code": 0}
