@@ -510,6 +510,26 @@ def jobs_cancel(
     _jobs(base_url, api_key, lambda c: commands.show(c.cancel(job_id)))
 
 
+@jobs_app.command("replay")
+def jobs_replay(
+    job_id: JobIdArgument,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the replay to its end (see `jobs wait`)")
+    ] = False,
+    timeout: WaitTimeoutOption = None,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Replay a finished job's recorded commands without the model; print the replay job.
+
+    A worker runs them in a fresh sandbox from the same initial workspace and reports per
+    step whether exit status and output match (``replay`` in the job). With --wait: exit
+    status 0 if every step matched, 1 otherwise (or after --timeout), 2 on client errors."""
+    from tiergate.jobsclient import commands
+
+    _jobs(base_url, api_key, lambda c: commands.replay(c, job_id, wait, timeout))
+
+
 @jobs_app.command("upload")
 def jobs_upload(
     path: Annotated[Path, typer.Argument(help="A tar or tar.gz archive, or a directory")],

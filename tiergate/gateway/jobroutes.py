@@ -92,6 +92,24 @@ def register_job_routes(app: FastAPI) -> None:
         """Idempotent; a cancelled job stays cancelled."""
         return await api(request).cancel(request, job_id)
 
+    @app.post(
+        "/v1/jobs/{job_id}/replay",
+        tags=["jobs"],
+        responses={
+            **openapi.error_responses("401", "404", "429", "503"),
+            "409": {
+                "description": "The job is not finished (job_not_finished), or cannot be "
+                "replayed (job_not_replayable, upload_not_found)",
+                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+            },
+        },
+    )
+    async def replay_job(request: Request, job_id: str) -> Response:
+        """Replay a finished job: a new job of kind ``replay`` that a worker runs, the
+        original's recorded commands without the model, answering with ``replay``: per
+        step whether the exit status and the output match the original's trajectory."""
+        return await api(request).replay(request, job_id)
+
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], responses=errors)
     async def job_events(
         request: Request, job_id: str, starting_after: Annotated[int, Query(ge=0)] = 0

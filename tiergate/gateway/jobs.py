@@ -28,6 +28,7 @@ from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+from tiergate.queue.replay import REPLAYABLE
 from tiergate.queue.schema import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
@@ -205,6 +206,77 @@ class JobsAPI:
         await asyncio.to_thread(self._jobs.discard, job)
         if digest is not None:
             await asyncio.to_thread(self._store.release_idempotency, job.owner, digest.hexdigest())
+
+    # -- replay -----------------------------------------------------------------------------
+
+    async def replay(self, request: Request, job_id: str) -> Response:
+        """A new job of kind ``replay`` that runs ``job_id``'s recorded commands again
+        without the model (see :mod:`tiergate.queue.replay`): the gateway only checks and
+        queues it, a worker runs it. Another key's job is a 404 as for get; a job not
+        finished, or one that cannot be replayed, a 409; it counts against the key's rate
+        limit and outstanding jobs as a submit does."""
+        caller = self._caller(request)
+        original = await self._owned(request, job_id)
+        if not original.status.terminal:
+            raise OpenAIError(
+                409,
+                f"Job {job_id} is {original.status.value}: only a finished job can be replayed.",
+                param="job_id",
+                code="job_not_finished",
+            )
+        if original.status not in REPLAYABLE or original.kind == "replay":
+            why = "it is itself a replay" if original.kind == "replay" else "it was cancelled"
+            raise OpenAIError(
+                409,
+                f"Job {job_id} cannot be replayed: {why}.",
+                param="job_id",
+                code="job_not_replayable",
+            )
+        artifacts = await self._storage(self._store.artifact_urls, job_id)
+        spec: JobCreate | None = await self._storage(self._store.spec, job_id)
+        if "trajectory" not in artifacts or spec is None:
+            raise OpenAIError(
+                409,
+                f"Job {job_id} cannot be replayed: it recorded no trajectory.",
+                param="job_id",
+                code="job_not_replayable",
+            )
+        upload = spec.workspace.upload_id
+        if upload and not await self._storage(self._store.has_upload, caller.name, upload):
+            raise OpenAIError(
+                409,
+                f"Job {job_id} cannot be replayed: its workspace upload {upload!r} no longer "
+                "exists.",
+                param="job_id",
+                code="upload_not_found",
+            )
+        replay_id = f"job_{uuid.uuid4().hex}"
+        headers = await self._gatekeeper.count_request(caller, replay_id)
+        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
+            self._settings.max_outstanding_jobs
+        )
+        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
+            raise OpenAIError(
+                429,
+                f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
+                code="too_many_outstanding_jobs",
+                type_="rate_limit_error",
+                headers={"retry-after": "30", **headers},
+            )
+        job = self._jobs.new_job(replay_id, caller.name, spec)
+        job.kind, job.replay_of = "replay", job_id
+        try:
+            await asyncio.to_thread(self._jobs.create, job, spec)
+        except StorageError as exc:
+            await self._undo(job, None)
+            raise unavailable("store", exc) from exc
+        message = JobMessage(id=job.id, owner=job.owner, spec=spec, replay_of=job_id)
+        try:
+            await asyncio.to_thread(self._queue.enqueue, message)
+        except QueueUnavailable as exc:
+            await self._undo(job, None)
+            raise unavailable("queue", exc) from exc
+        return json_response(job.public({}), headers=headers)
 
     # -- uploads ----------------------------------------------------------------------------
 

@@ -131,6 +131,11 @@ class AsyncJobsClient:
         response = await self._request("POST", f"/v1/jobs/{job_id}/cancel")
         return Job.model_validate_json(response.content)
 
+    async def replay(self, job_id: str) -> Job:
+        """Like :meth:`JobsClient.replay`."""
+        response = await self._request("POST", f"/v1/jobs/{job_id}/replay")
+        return Job.model_validate_json(response.content)
+
     def events(self, job_id: str, starting_after: int = 0) -> AsyncIterator[JobEvent]:
         """``async for event in client.events(job_id)``: resumes after a dropped connection."""
         return self._follow(Follow(job_id, starting_after, self._opts, None))

@@ -56,6 +56,8 @@ def describe(event: JobEvent) -> str:
         return f"retrying: attempt {event.attempt} in {event.delay_seconds:g} s ({why})"
     job = event.job
     if event.terminal and job is not None:
+        if job.replay is not None:
+            return f"{kind}: matches={str(job.replay.matches).lower()}"
         if job.error:
             return f"{kind}: {job.error.get('code')}: {_one_line(job.error.get('message'))}"
         if job.incomplete_details:
@@ -103,7 +105,12 @@ def read_job(source: str) -> dict[str, Any]:
     return body
 
 
-def follow(client: JobsClient, job_id: str, timeout: float | None) -> int:
+def follow(
+    client: JobsClient,
+    job_id: str,
+    timeout: float | None,
+    judge: Callable[[Job], int] = outcome,
+) -> int:
     """Wait for the job with its progress on stderr; print it as it ended."""
 
     def progress(event: JobEvent) -> None:
@@ -111,7 +118,7 @@ def follow(client: JobsClient, job_id: str, timeout: float | None) -> int:
 
     job = client.wait(job_id, timeout=timeout, on_event=progress)
     emit(dump(job))
-    return outcome(job)
+    return judge(job)
 
 
 def submit(
@@ -133,3 +140,18 @@ def events(client: JobsClient, job_id: str, starting_after: int) -> int:
     for event in client.events(job_id, starting_after=starting_after):
         print(json.dumps(dump(event)), flush=True)
     return OK
+
+
+def replayed(job: Job) -> int:
+    """A replay's exit status: 0 when it completed and every step matched."""
+    ok = job.status.value == "completed" and job.replay is not None and job.replay.matches
+    return OK if ok else NOT_PASSED
+
+
+def replay(client: JobsClient, job_id: str, wait: bool, timeout: float | None) -> int:
+    job = client.replay(job_id)
+    if not wait:
+        emit(dump(job))
+        return OK
+    say(f"[{job.id}] replaying {job_id}")
+    return follow(client, job.id, timeout, judge=replayed)

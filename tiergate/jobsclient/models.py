@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tiergate.queue.schema import JobResult, JobStatus
+from tiergate.queue.schema import JobResult, JobStatus, ReplayReport
 
 TERMINAL_STATUSES = frozenset(s.value for s in JobStatus if s.terminal)
 TERMINAL_EVENTS = frozenset(f"job.{s}" for s in TERMINAL_STATUSES)
@@ -38,6 +38,10 @@ class Job(_Open):
     metadata: dict[str, str] = Field(default_factory=dict)
     # Presigned URLs: trajectory, workspace, verifier_log, result (once they exist).
     artifacts: dict[str, str] = Field(default_factory=dict)
+    # ``replay``: an earlier job (``replay_of``) run again without the model; its report.
+    kind: str = "agent"
+    replay_of: str | None = None
+    replay: ReplayReport | None = None
 
     @property
     def terminal(self) -> bool:

@@ -132,6 +132,12 @@ class JobsClient:
         """Idempotent: a queued job ends at once, a running one within seconds."""
         return Job.model_validate_json(self._request("POST", f"/v1/jobs/{job_id}/cancel").content)
 
+    def replay(self, job_id: str) -> Job:
+        """Replay a finished job: answers the new replay job (``kind: replay``), queued; a
+        worker runs the recorded commands without the model, and the job ends with its
+        ``replay`` report (:meth:`wait` for it)."""
+        return Job.model_validate_json(self._request("POST", f"/v1/jobs/{job_id}/replay").content)
+
     def events(self, job_id: str, starting_after: int = 0) -> Iterator[JobEvent]:
         """The job's events after ``starting_after``, in order, until its terminal event.
         A dropped connection is resumed from the last event seen: none is lost or repeated."""

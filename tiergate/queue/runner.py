@@ -27,7 +27,17 @@ from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnav
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
-from tiergate.queue.schema import Job, JobMessage, JobResult, JobStatus
+from tiergate.queue.replay import (
+    REPLAYABLE,
+    Replay,
+    ReplayRefused,
+    check_environment,
+    environment_of,
+    prepare_workspace,
+    read_artifact,
+    read_trajectory,
+)
+from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
@@ -142,6 +152,8 @@ class JobRunner:
             return "dead"
 
     def _run(self, job: Job, message: JobMessage) -> Outcome:
+        if job.replay_of or message.replay_of:
+            return self._replay(job, message)
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
@@ -236,6 +248,95 @@ class JobRunner:
         finally:
             stop_watch.set()
             model.close()
+            sandbox.close()
+            self._sandbox = None
+
+    # -- a replay job (see tiergate.queue.replay) --------------------------------------------
+
+    def _replay(self, job: Job, message: JobMessage) -> Outcome:
+        """Run the original's recorded commands again; the report goes in ``job.replay``
+        (and so in the terminal record, the ``result`` artifact), the replayed trajectory,
+        verifier log and workspace are the replay's own artifacts. A replay that cannot run
+        fails with its reason (not dead-lettered: running it again would not help)."""
+        original_id = job.replay_of or message.replay_of
+        assert original_id is not None
+        job.kind, job.replay_of = "replay", original_id
+        try:
+            original = self._store.final(original_id)
+            if original is None or original.owner != message.owner:
+                raise ReplayRefused("original_not_found", f"no finished job {original_id!r}")
+            if original.status not in REPLAYABLE or original.kind == "replay":
+                raise ReplayRefused(
+                    "job_not_replayable", f"job {original_id} ended {original.status.value}"
+                )
+            recorded = read_trajectory(self._store, original_id)
+            if recorded is None:
+                raise ReplayRefused(
+                    "job_not_replayable", f"job {original_id} recorded no trajectory"
+                )
+            spec = self._store.spec(original_id) or message.spec
+            environment = environment_of(original, spec)
+            check_environment(environment, getattr(self._settings.worker, "environment", None))
+            log_raw = read_artifact(self._store, original_id, "verifier_log")
+            return self._run_replay(job, message, original, spec, recorded, log_raw, environment)
+        except ReplayRefused as exc:
+            self._end(
+                job, JobStatus.FAILED, exc.code, error={"code": exc.code, "message": str(exc)}
+            )
+            return "finished"
+
+    def _run_replay(
+        self,
+        job: Job,
+        message: JobMessage,
+        original: Job,
+        spec: JobCreate,
+        recorded: list[dict[str, Any]],
+        verifier_log: bytes | None,
+        environment: str,
+    ) -> Outcome:
+        disk = spec.limits.disk_mb * 1024 * 1024
+        sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
+        self._sandbox = sandbox
+        cancelled = threading.Event()
+        stop_watch = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_cancel, args=(job.id, sandbox, cancelled, stop_watch), daemon=True
+        )
+        watcher.start()
+
+        def on_step(entry: dict[str, Any]) -> None:
+            self._metrics.observe_sandbox("command", float(entry["seconds"]))
+            self._jobs.step(job, entry)
+            self._check_abandon()
+
+        try:
+            prepare_workspace(self._store, message.owner, spec, sandbox, disk)
+            run = Replay(
+                sandbox=sandbox,
+                spec=spec,
+                original=original,
+                recorded=recorded,
+                recorded_verifier_log=None if verifier_log is None else verifier_log.decode(),
+                environment=environment,
+                deadline=time.monotonic() + spec.limits.timeout_seconds,
+                disk=disk,
+                cancelled=cancelled.is_set,
+                on_step=on_step,
+            ).run()
+            self._check_abandon()
+            job.steps = len(run.report.steps)
+            job.replay = run.report
+            self._store_artifacts(job, sandbox, run.trajectory, run.verifier_log)
+            if run.cancelled or cancelled.is_set():
+                self._end(job, JobStatus.CANCELLED, "cancelled")
+                return "finished"
+            if run.result is not None:
+                self._jobs.verified(job, run.result)
+            self._end(job, JobStatus.COMPLETED, "ok")
+            return "finished"
+        finally:
+            stop_watch.set()
             sandbox.close()
             self._sandbox = None
 

@@ -142,8 +142,58 @@ class JobResult(BaseModel):
     verifier_exit_code: int | None = None
 
 
+class Pair(BaseModel):
+    """One quantity as the original job recorded it and as its replay saw it."""
+
+    recorded: Any = None
+    replayed: Any = None
+
+
+class ReplayStep(BaseModel):
+    """One recorded command run again. ``index`` is the original's step number (setup
+    commands count from 1 in their own list). Outputs are compared in the form the sandbox
+    captured them (bounded head and tail, ``jobs.sandbox.output_limit_chars``); both
+    outputs are kept only when they differ."""
+
+    index: int
+    command: str
+    exit_code: Pair
+    exit_matches: bool
+    output_matches: bool
+    seconds: Pair = Field(default_factory=Pair)
+    output: Pair | None = None
+
+
+class ReplayVerifier(BaseModel):
+    command: str
+    exit_code: Pair
+    reward: Pair
+    passed: Pair
+    exit_matches: bool
+    output_matches: bool
+    matches: bool
+
+
+class ReplayReport(BaseModel):
+    """A replay job's answer (``job.replay``): per step whether the exit status and the
+    output match the original's trajectory; ``matches`` only if every setup command, step
+    and the verifier match. ``environment`` is the original's environment identity
+    ("default" where jobs name none)."""
+
+    original: str
+    environment: str = "default"
+    setup: list[ReplayStep] = Field(default_factory=list)
+    steps: list[ReplayStep] = Field(default_factory=list)
+    verifier: ReplayVerifier | None = None
+    matches: bool = False
+
+
 class Job(BaseModel):
-    """The job object, as every replica and worker sees it (stored in object storage)."""
+    """The job object, as every replica and worker sees it (stored in object storage).
+
+    ``kind`` is ``agent`` (the model drives the sandbox) or ``replay`` (an earlier job's
+    recorded commands run again without the model, see :mod:`tiergate.queue.replay`);
+    a replay names its original in ``replay_of`` and answers with ``replay``."""
 
     id: str
     object: Literal["job"] = "job"
@@ -163,6 +213,9 @@ class Job(BaseModel):
     incomplete_details: dict[str, str] | None = None
     cancel_requested_at: int | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    kind: Literal["agent", "replay"] = "agent"
+    replay_of: str | None = None
+    replay: ReplayReport | None = None
 
     @property
     def created_at_ms(self) -> int:
@@ -185,3 +238,6 @@ class JobMessage(BaseModel):
     # Set when the sweep re-sends a job whose first message may never have reached the
     # broker: a worker then runs it only if it is still queued.
     resent: bool = False
+    # A replay job: the original's id (the job record says so too, which is what a
+    # message re-sent by the sweep, built from the spec alone, relies on).
+    replay_of: str | None = None
