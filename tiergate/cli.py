@@ -40,6 +40,13 @@ jobs_app = typer.Typer(
     help="Agent jobs on a gateway: submit, follow, list, cancel (tiergate.jobsclient).",
 )
 app.add_typer(jobs_app, name="jobs")
+env_app = typer.Typer(no_args_is_help=True, help="Job environments.")
+env_breaker_app = typer.Typer(
+    no_args_is_help=True,
+    help="Environments' circuit breakers in the job store (tiergate.queue.breaker).",
+)
+env_app.add_typer(env_breaker_app, name="breaker")
+app.add_typer(env_app, name="env")
 
 
 def _settings() -> Settings:
@@ -540,6 +547,47 @@ def jobs_upload(
     from tiergate.jobsclient import commands
 
     _jobs(base_url, api_key, lambda c: commands.upload(c, path))
+
+
+def _breaker(action: str, name: str | None) -> None:
+    import json
+
+    from tiergate.queue.breaker import command
+    from tiergate.queue.store import StorageError
+
+    settings = _settings()
+    try:
+        rows = command(settings.jobs, action, name)
+    except ValueError as exc:
+        typer.echo(f"tiergate env breaker: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except StorageError as exc:
+        typer.echo(f"tiergate env breaker: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for row in rows:
+        typer.echo(json.dumps(row, sort_keys=True))
+
+
+@env_breaker_app.command("list")
+def env_breaker_list() -> None:
+    """Every environment's breaker as stored (one JSON object a line)."""
+    _breaker("list", None)
+
+
+@env_breaker_app.command("open")
+def env_breaker_open(
+    name: Annotated[str, typer.Argument(help="The environment's name")],
+) -> None:
+    """Open the breaker and hold it: its jobs fail fast, no probe runs until it is closed."""
+    _breaker("open", name)
+
+
+@env_breaker_app.command("close")
+def env_breaker_close(
+    name: Annotated[str, typer.Argument(help="The environment's name")],
+) -> None:
+    """Close the breaker (and forget its failures): the environment's jobs run again."""
+    _breaker("close", name)
 
 
 def main() -> None:

@@ -116,6 +116,17 @@ class JobCaps(_Section):
     disk_mb: int = Field(4096, ge=1)
 
 
+class BreakerSettings(_Section):
+    """Circuit breakers per environment (tiergate.queue.breaker): consecutive
+    infrastructure failures open one, shared by every worker through object storage."""
+
+    enabled: bool = True
+    # Consecutive infrastructure failures (setup, sandbox start, verifier crash) that open it.
+    failures_to_open: int = Field(5, ge=1)
+    # How long an open breaker fails jobs fast before one probe job may run.
+    cooldown_seconds: float = Field(60.0, ge=0)
+
+
 class JobsSettings(_Section):
     """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
 
@@ -134,3 +145,4 @@ class JobsSettings(_Section):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)

@@ -55,6 +55,7 @@ class JobLifecycle:
             created_at=now // 1000,
             created_ms=now,
             metadata=spec.metadata,
+            environment=spec.environment,
         )
 
     def create(self, job: Job, spec: JobCreate) -> None:

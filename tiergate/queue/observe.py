@@ -27,6 +27,11 @@ _REASON = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 # TiergateJobsFailingInSandbox alert reads failed/sandbox).
 _INITIAL_OUTCOMES = (("completed", "ok"), ("failed", "sandbox"))
 
+# Environment names come from job specs: at most this many get series of their own, later
+# ones share the label "_other" (each distinct value is a time series).
+MAX_ENVIRONMENT_LABELS = 100
+BREAKER_STATES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
 _STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 _SANDBOX_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -75,6 +80,33 @@ class WorkerMetrics:
             ["thread"],
             registry=r,
         )
+        self.breaker_state_gauge = Gauge(
+            "tiergate_environment_breaker_state",
+            "An environment's circuit breaker as this worker last saw it: "
+            "0 closed, 1 half-open, 2 open",
+            ["environment"],
+            registry=r,
+        )
+        self.breaker_transitions_total = Counter(
+            "tiergate_environment_breaker_transitions_total",
+            "Breaker state changes this process made, by the state entered",
+            ["environment", "to"],
+            registry=r,
+        )
+        self.infra_failures_total = Counter(
+            "tiergate_environment_infra_failures_total",
+            "Infrastructure failures of jobs (setup, sandbox_start, verifier) by environment",
+            ["environment", "stage"],
+            registry=r,
+        )
+        self.failed_fast_total = Counter(
+            "tiergate_environment_jobs_failed_fast_total",
+            "Jobs ended at once because their environment's breaker was open",
+            ["environment"],
+            registry=r,
+        )
+        self._environments: set[str] = set()
+        self._env_lock = threading.Lock()
         for status, reason in _INITIAL_OUTCOMES:
             self.finished_total.labels(status=status, reason=reason)
 
@@ -123,6 +155,35 @@ class WorkerMetrics:
 
     def dead_lettered(self) -> None:
         self.dead_lettered_total.inc()
+
+    def _environment(self, name: str) -> str:
+        with self._env_lock:
+            if name in self._environments:
+                return name
+            if len(self._environments) >= MAX_ENVIRONMENT_LABELS:
+                return "_other"
+            self._environments.add(name)
+            return name
+
+    def breaker_state(self, environment: str, state: str) -> None:
+        self.breaker_state_gauge.labels(environment=self._environment(environment)).set(
+            BREAKER_STATES[state]
+        )
+
+    def breaker_transition(self, environment: str, to: str) -> None:
+        if to not in BREAKER_STATES:
+            raise ValueError(f"not a breaker state: {to!r}")
+        self.breaker_transitions_total.labels(
+            environment=self._environment(environment), to=to
+        ).inc()
+
+    def infra_failure(self, environment: str, stage: str) -> None:
+        self.infra_failures_total.labels(
+            environment=self._environment(environment), stage=stage
+        ).inc()
+
+    def failed_fast(self, environment: str) -> None:
+        self.failed_fast_total.labels(environment=self._environment(environment)).inc()
 
     def observe_liveness(self, liveness: Liveness) -> None:
         """Copy each registered thread's state into ``tiergate_worker_thread_alive``."""

@@ -10,6 +10,10 @@ What ends a job, and how:
   topic; the partition moves on;
 - a job whose pickups keep killing their worker: every pickup is counted in object
   storage, so after ``max_attempts`` pickups it is failed without running again.
+- a job whose environment's circuit breaker is open (tiergate.queue.breaker): ``failed``
+  with ``environment_unavailable`` at once, before a sandbox is made; what every other job
+  says about its environment (worked, an infrastructure failure, nothing) goes to the
+  breaker when it ends.
 Redelivery is normal: a job whose terminal record exists is not run again.
 """
 
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
+from tiergate.queue.breaker import BreakerBoard, Verdict
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
@@ -64,6 +69,7 @@ class JobRunner:
         model_client: Callable[[JobMessage], ModelClient] | None = None,
         on_finished: Finished = lambda status, reason: None,
         metrics: WorkerMetrics | None = None,
+        breakers: BreakerBoard | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -74,6 +80,10 @@ class JobRunner:
         self._metrics = metrics or WorkerMetrics()
         self._abandon = threading.Event()
         self._sandbox: Sandbox | None = None
+        # The environment's circuit breaker (tiergate.queue.breaker), shared by all workers
+        # through the store; _run leaves what the job said about its environment here.
+        self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
+        self._verdict: tuple[Verdict, str] = ("neutral", "")
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
@@ -110,6 +120,21 @@ class JobRunner:
         if current is not None and self._store.cancel_requested(message.id):
             self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
+        environment = message.spec.environment
+        admission = self._breakers.admit(environment, message.id)
+        if not admission.allowed:
+            # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
+            # dead-lettered like other failures, so it can be sent again once it works.
+            job = current or self._jobs.new_job(message.id, message.owner, message.spec)
+            self._metrics.failed_fast(environment)
+            self._end(
+                job,
+                JobStatus.FAILED,
+                "environment_unavailable",
+                error={"code": "environment_unavailable", "message": admission.message},
+            )
+            self._dead_letter(message)
+            return "dead"
         deliveries = self._store.record_delivery(message.id)
         max_attempts = self._settings.worker.max_attempts
         if deliveries > max_attempts:
@@ -127,9 +152,12 @@ class JobRunner:
             self._dead_letter(message)
             return "dead"
         job = self._jobs.start(message, deliveries)
+        self._verdict = ("neutral", "")
+        abandoned = False
         try:
             return self._run(job, message)
         except Abandoned:
+            abandoned = True  # it runs again (the probe too, if it was one): no verdict
             self._store.forget_delivery(message.id, deliveries)
             return "abandoned"
         except (ModelUnavailable, StorageError) as exc:
@@ -150,6 +178,19 @@ class JobRunner:
             )
             self._dead_letter(message)
             return "dead"
+        finally:
+            if not abandoned:
+                self._judge(environment, message.id)
+
+    def _judge(self, environment: str, job_id: str) -> None:
+        """Tell the breaker what the job said about its environment; a failure to do so
+        does not change the job's ending (a lost probe verdict is taken over, see
+        tiergate.queue.breaker)."""
+        verdict, detail = self._verdict
+        try:
+            self._breakers.record(environment, job_id, verdict, detail)
+        except StorageError as exc:
+            log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
 
     def _run(self, job: Job, message: JobMessage) -> Outcome:
         if job.replay_of or message.replay_of:
@@ -157,7 +198,11 @@ class JobRunner:
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
-        sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
+        try:
+            sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
+        except SandboxError as exc:
+            self._verdict = ("sandbox_start", str(exc))
+            raise
         self._sandbox = sandbox
         cancelled = threading.Event()
         stop_watch = threading.Event()
@@ -189,6 +234,7 @@ class JobRunner:
                 self._check_abandon()
                 sandbox.check_disk(disk)
                 if result.exit_code != 0:
+                    self._verdict = ("setup", f"exit {result.exit_code}: {command[:100]}")
                     raise SandboxError(f"setup command failed ({result.exit_code}): {command}")
 
             mark = [time.monotonic()]
@@ -228,6 +274,7 @@ class JobRunner:
                         spec.verifier.command, spec.verifier.timeout_seconds, verifier=True
                     )
                 verifier_log = result.output
+                self._verdict = _verifier_verdict(result.exit_code, result.timed_out, cancelled)
                 sandbox.check_disk(disk, verifier=True)
                 reward = _read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
                 self._jobs.verified(
@@ -243,6 +290,8 @@ class JobRunner:
             if run.stop in ("max_steps", "timeout"):
                 self._end(job, JobStatus.INCOMPLETE, run.stop, incomplete=run.stop)
             else:
+                if self._verdict[0] == "neutral":
+                    self._verdict = ("ok", "")
                 self._end(job, JobStatus.COMPLETED, "ok")
             return "finished"
         finally:
@@ -399,6 +448,20 @@ class JobRunner:
             self._queue.dead_letter(message)
         except QueueUnavailable as exc:
             log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
+
+
+def _verifier_verdict(
+    exit_code: int, timed_out: bool, cancelled: threading.Event
+) -> tuple[Verdict, str]:
+    """A verifier that ran and judged (any exit status below 126, a wrong answer included)
+    shows the environment works; 126 and up (not executable, not found, killed by a signal)
+    or a negative status (the sandbox itself killed) is a crash of the environment. A
+    timeout or a cancellation says nothing."""
+    if timed_out or cancelled.is_set():
+        return ("neutral", "")
+    if exit_code >= 126 or exit_code < 0:
+        return ("verifier", f"the verifier crashed (exit {exit_code})")
+    return ("ok", "")
 
 
 def _read_reward(workspace: Path, name: str | None) -> float | None:

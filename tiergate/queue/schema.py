@@ -41,6 +41,8 @@ class _Strict(BaseModel):
 
 
 MAX_WORKSPACE_FILES = 1000
+# An environment's name: short, lower case; it keys the environment's circuit breaker.
+ENVIRONMENT_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
 class Workspace(_Strict):
@@ -110,6 +112,13 @@ class JobCreate(_Strict):
     verifier: Verifier | None = None
     limits: JobLimits = Field(default_factory=JobLimits)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
+    environment: str = Field(
+        "default",
+        pattern=ENVIRONMENT_PATTERN,
+        description="The named environment the job runs in; its circuit breaker is kept per "
+        "name (jobs of an environment whose infrastructure keeps failing end fast with "
+        "environment_unavailable). Today every name runs in the worker's own sandbox.",
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -213,6 +222,7 @@ class Job(BaseModel):
     incomplete_details: dict[str, str] | None = None
     cancel_requested_at: int | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    environment: str = "default"
     kind: Literal["agent", "replay"] = "agent"
     replay_of: str | None = None
     replay: ReplayReport | None = None

@@ -34,6 +34,7 @@ from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from tiergate.queue.agent import ModelClient
+from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
@@ -67,6 +68,7 @@ class Worker:
         self._runners: list[JobRunner] = []
         self._threads: list[threading.Thread] = []
         self.metrics = WorkerMetrics()
+        self.breakers = BreakerBoard(self._store, settings, self.metrics)
         self.liveness = Liveness(stale_after=settings.worker.heartbeat_stale_seconds)
         self.http = (
             WorkerHTTP(
@@ -110,6 +112,7 @@ class Worker:
                 self._model_client,
                 on_finished=self._finished,
                 metrics=self.metrics,
+                breakers=self.breakers,
             )
             self._runners.append(runner)
             self._thread(f"job-slot-{index}", self._slot, runner)
@@ -294,6 +297,10 @@ class Worker:
                 )
                 self.metrics.set_lags(kafka.topic, lags)
             self.metrics.observe_liveness(self.liveness)
+            try:
+                self.breakers.refresh()  # other workers' and operators' changes too
+            except StorageError as exc:
+                log.warning("breaker states not read: %s", exc)
             if time.monotonic() - last_sweep >= every:
                 last_sweep = time.monotonic()
                 try:

@@ -1,0 +1,268 @@
+"""Circuit breakers per environment (tiergate.queue.breaker): the state machine on a real
+S3 server (SeaweedFS) with concurrent writers, and end to end through the gateway, Kafka
+(Tansu) and workers: it opens after the configured failures, fails new jobs fast, lets one
+probe through after the cool-down and closes when the probe works."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobstack import JobsStack, jobs_stack
+from tiergate.queue.breaker import Breaker, BreakerBoard, command
+from tiergate.queue.observe import WorkerMetrics
+from tiergate.queue.schema import JobCreate
+from tiergate.queue.store import JobStore
+from tiergate.settings import JobsSettings
+
+BROKEN = {
+    "model": MODEL,
+    "instruction": "Say DONE.",
+    "setup": ["exit 3"],
+    "limits": {"max_steps": 2, "timeout_seconds": 60},
+}
+WORKS = {**BROKEN, "setup": ["true"]}
+ENDED = ("completed", "failed", "cancelled", "incomplete")
+
+
+def _settings(s3: str, **breaker: Any) -> JobsSettings:
+    return JobsSettings.model_validate(
+        {
+            "storage": {"endpoint_url": s3, "bucket": f"bucket-{uuid.uuid4().hex[:10]}"},
+            "breaker": {"failures_to_open": 2, "cooldown_seconds": 60, **breaker},
+        }
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _board(settings: JobsSettings, clock: Clock, name: str = "w1") -> BreakerBoard:
+    store = JobStore(settings.storage)  # a client of its own, as another worker has
+    return BreakerBoard(store, settings, WorkerMetrics(), identity=name, clock=clock)
+
+
+def test_environment_name_is_validated_and_defaults() -> None:
+    assert JobCreate(model="m", instruction="x").environment == "default"
+    assert JobCreate(model="m", instruction="x", environment="py3.12-slim").environment
+    for bad in ("", "Upper", "-lead", "a/b", "x" * 64):
+        with pytest.raises(ValueError):
+            JobCreate(model="m", instruction="x", environment=bad)
+
+
+def test_state_machine_on_real_s3(s3: str) -> None:
+    settings = _settings(s3)
+    JobStore(settings.storage).ensure_bucket()
+    clock = Clock()
+    a, b = _board(settings, clock, "w1"), _board(settings, clock, "w2")
+    assert a.admit("env1", "job_1").allowed  # no record: closed
+    a.record("env1", "job_1", "setup", "exit 3")
+    assert a.read("env1")[0].state == "closed" and a.read("env1")[0].failures == 1
+    a.record("env1", "job_x", "ok")  # the environment worked: the count starts again
+    assert b.read("env1")[0].failures == 0
+    a.record("env1", "job_2", "neutral")  # a timeout, a cancellation: not counted
+    a.record("env1", "job_2", "setup", "exit 3")
+    b.record("env1", "job_3", "sandbox_start", "no bwrap")  # another worker's failure
+    opened = a.read("env1")[0]
+    assert (opened.state, opened.failures, opened.changed_by) == ("open", 2, "w2")
+    refused = b.admit("env1", "job_4")
+    assert not refused.allowed and "'env1'" in refused.message and "open" in refused.message
+    assert a.admit("env2", "job_5").allowed  # another environment is unaffected
+    clock.now += 61
+    probe = a.admit("env1", "job_6")
+    assert probe.allowed and probe.probe and probe.breaker.state == "half_open"
+    assert not b.admit("env1", "job_7").allowed  # exactly one probe
+    assert b.admit("env1", "job_6").allowed  # the probe, redelivered
+    a.record("env1", "job_6", "verifier", "exit 139")  # the probe failed: open again
+    again = b.read("env1")[0]
+    assert again.state == "open" and again.opened_at == clock.now
+    clock.now += 61
+    assert b.admit("env1", "job_8").probe
+    b.record("env1", "job_8", "neutral")  # no verdict: the probe is handed back
+    assert a.read("env1")[0].state == "open"
+    assert a.admit("env1", "job_9").probe
+    a.record("env1", "job_9", "ok")
+    closed = b.read("env1")[0]
+    assert (closed.state, closed.failures, closed.probe) == ("closed", 0, None)
+    metrics = a._metrics
+    assert metrics is not None
+    sample = metrics.registry.get_sample_value
+    assert sample("tiergate_environment_breaker_state", {"environment": "env1"}) == 0
+    assert (
+        sample(
+            "tiergate_environment_breaker_transitions_total", {"environment": "env1", "to": "open"}
+        )
+        == 1
+    )  # w2 opened it the first time, w1 the second
+    assert (
+        sample(
+            "tiergate_environment_infra_failures_total", {"environment": "env1", "stage": "setup"}
+        )
+        == 2
+    )
+    # The operator holds it open: no probe after the cool-down until it is closed.
+    command(settings, "open", "env1")
+    clock.now += 1000
+    held = a.admit("env1", "job_10")
+    assert not held.allowed and "operator" in held.message
+    command(settings, "close", "env1")
+    assert a.admit("env1", "job_11").allowed
+    listed = {row["environment"]: row for row in command(settings, "list")}
+    assert listed["env1"]["state"] == "closed" and listed["env1"]["changed_by"].startswith(
+        "operator"
+    )
+
+
+def _together(count: int, work: Callable[[int], Any]) -> list[Any]:
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait(10)
+            results[index] = work(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_writers_lose_no_update_and_one_probe_wins(s3: str) -> None:
+    settings = _settings(s3, failures_to_open=100)
+    JobStore(settings.storage).ensure_bucket()
+    clock = Clock()
+    boards = [_board(settings, clock, f"w{i}") for i in range(6)]
+    _together(6, lambda i: boards[i].record("env", f"job_{i}", "setup", "exit 3"))
+    assert boards[0].read("env")[0].failures == 6  # every increment landed
+    forced = BreakerBoard(JobStore(settings.storage), settings, clock=clock)
+    forced._settings = settings.breaker.model_copy(update={"failures_to_open": 7})
+    forced.record("env", "job_x", "setup", "exit 3")
+    assert forced.read("env")[0].state == "open"
+    clock.now += 61
+    admitted = _together(6, lambda i: boards[i].admit("env", f"probe_{i}"))
+    assert sum(a.allowed for a in admitted) == 1  # exactly one probe through
+    winner: Breaker = boards[0].read("env")[0]
+    assert winner.state == "half_open" and winner.probe is not None
+
+
+def _wait_for(what: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = what()
+        if found:
+            return found
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.2)
+
+
+def _run(stack: JobsStack, body: dict[str, Any]) -> dict[str, Any]:
+    job = stack.submit(body)
+    return stack.wait(job["id"], lambda j: j["status"] in ENDED, timeout=90)
+
+
+def test_breaker_opens_fails_fast_and_closes_after_a_probe(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = ["DONE"]
+    jobs = {"breaker": {"failures_to_open": 2, "cooldown_seconds": 2}}
+    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        first, second = stack.start_worker(), stack.start_worker()  # share the breaker
+        board = BreakerBoard(JobStore(stack.jobs.storage), stack.jobs)
+        flaky = {**BROKEN, "environment": "flaky"}
+        for _ in range(2):
+            done = _run(stack, flaky)
+            assert done["status"] == "failed" and done["error"]["code"] == "sandbox"
+            assert done["environment"] == "flaky"
+        assert board.read("flaky")[0].state == "open"
+
+        started = time.monotonic()
+        fast = _run(stack, {**WORKS, "environment": "flaky"})
+        assert fast["status"] == "failed", fast
+        assert fast["error"]["code"] == "environment_unavailable"
+        message = fast["error"]["message"]
+        assert "'flaky'" in message and "open" in message and "next probe" in message
+        assert fast["started_at"] is None and fast["steps"] == 0
+        assert "trajectory" not in fast["artifacts"]  # no sandbox, no setup ran
+        assert time.monotonic() - started < 30
+
+        other = _run(stack, {**WORKS, "environment": "other"})
+        assert other["status"] == "completed", other
+
+        # After the cool-down a probe runs; it fails, so the breaker opens again.
+        opened_at = board.read("flaky")[0].opened_at
+        assert opened_at is not None
+        _wait_for(lambda: time.time() > opened_at + 2.2)
+        probe = _run(stack, flaky)
+        assert probe["error"]["code"] == "sandbox", probe  # it ran: setup failed
+        reopened = board.read("flaky")[0]
+        assert reopened.state == "open" and (reopened.opened_at or 0) > opened_at
+
+        # The next probe works: closed, and jobs run again.
+        _wait_for(lambda: time.time() > (reopened.opened_at or 0) + 2.2)
+        good = _run(stack, {**WORKS, "environment": "flaky"})
+        assert good["status"] == "completed", good
+        closed = board.read("flaky")[0]
+        assert (closed.state, closed.failures) == ("closed", 0)
+        assert _run(stack, {**WORKS, "environment": "flaky"})["status"] == "completed"
+
+        # The operator holds it open, then closes it.
+        command(stack.jobs, "open", "flaky")
+        held = _run(stack, {**WORKS, "environment": "flaky"})
+        assert held["error"]["code"] == "environment_unavailable"
+        assert "operator" in held["error"]["message"]
+        command(stack.jobs, "close", "flaky")
+        assert _run(stack, {**WORKS, "environment": "flaky"})["status"] == "completed"
+
+        # Metrics: the workers together made the transitions; each gauge follows the store.
+        def total(name: str, labels: dict[str, str]) -> float:
+            return sum(
+                w.metrics.registry.get_sample_value(name, labels) or 0.0 for w in (first, second)
+            )
+
+        transitions = "tiergate_environment_breaker_transitions_total"
+        assert total(transitions, {"environment": "flaky", "to": "open"}) == 2
+        assert total(transitions, {"environment": "flaky", "to": "half_open"}) == 2
+        assert total(transitions, {"environment": "flaky", "to": "closed"}) == 1
+        assert (
+            total(
+                "tiergate_environment_infra_failures_total",
+                {"environment": "flaky", "stage": "setup"},
+            )
+            == 3
+        )
+        assert total("tiergate_environment_jobs_failed_fast_total", {"environment": "flaky"}) == 2
+        assert (
+            total(
+                "tiergate_jobs_finished_total",
+                {"status": "failed", "reason": "environment_unavailable"},
+            )
+            == 2
+        )
+        for w in (first, second):
+            w.breakers.refresh()
+            state = w.metrics.registry.get_sample_value(
+                "tiergate_environment_breaker_state", {"environment": "flaky"}
+            )
+            assert state == 0.0
+        text = httpx.get(f"{stack.base}/v1/jobs").json()
+        assert all("environment" in j for j in text["data"])

@@ -1,0 +1,377 @@
+"""Circuit breakers per environment: consecutive infrastructure failures in one environment
+stop its jobs quickly until a probe job shows it works again.
+
+Where the state lives: one small JSON object per environment in the job store
+(``<prefix>breakers/<environment>.json``), shared by every worker without another service.
+Every change is a conditional write: a first record with ``If-None-Match: *``, later ones
+with ``If-Match: <the ETag read>``. A writer that loses the race reads again and re-applies
+its change to the winner's state, so two workers never lose an update. Each record carries
+a ``revision`` that grows by one, so two records never share a content (and an ETag).
+
+States and transitions:
+
+- ``closed``: jobs run. An infrastructure failure adds one to ``failures``; at
+  ``jobs.breaker.failures_to_open`` the breaker opens. A job that shows the environment
+  works (completed, or its verifier ran and judged a wrong answer) sets ``failures`` to 0.
+- ``open``: a job picked up fails at once (``environment_unavailable``) without a sandbox.
+  After ``cooldown_seconds`` the first job picked up claims the probe (a conditional
+  write, so exactly one wins) and the breaker is ``half_open``.
+- ``half_open``: only the probe job runs; every other job fails fast. The probe working
+  closes the breaker, an infrastructure failure of the probe opens it again (a new
+  cool-down), any other ending (cancelled, timed out, retried, model errors) hands the
+  probe back (``open``, cool-down already over: the next job probes). A probe whose job
+  already has a terminal record (its worker died after finishing it, or it was cancelled
+  while waiting for a retry) is taken over by the next job; a probe job that is redelivered
+  (its worker died mid-run) is let through again.
+- ``held``: an operator opened the breaker (``tiergate env breaker open NAME``): it stays
+  open with no probe until an operator closes it.
+
+What counts as an infrastructure failure (the environment, not the model, broke): a setup
+command that fails (stage ``setup``), the sandbox failing to start (``sandbox_start``), the
+verifier crashing (``verifier``: exit status 126 or more, i.e. not executable, not found,
+or killed by a signal (128+n, or a negative status), and not a timeout; an exit status of 1
+is a wrong answer). The model's wrong answers, max_steps and timeouts, cancellations and
+model endpoint errors (retried as transient) do not count.
+
+Metrics: a worker exports what it last read or wrote (the sweeper reads every breaker every
+15 s, so an idle worker's gauge follows too); transitions are counted by the process that
+made them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel
+
+from tiergate.queue.observe import WorkerMetrics
+from tiergate.queue.schema import ENVIRONMENT_PATTERN
+from tiergate.queue.store import JobStore, StorageError, _conflict, _missing
+from tiergate.settings import JobsSettings
+
+log = logging.getLogger("tiergate.breaker")
+
+State = Literal["closed", "open", "half_open"]
+# What a finished job says about its environment: it worked, it broke (the stage), or
+# nothing (cancelled, timed out, model errors...).
+Verdict = Literal["ok", "neutral", "setup", "sandbox_start", "verifier"]
+INFRA_STAGES = ("setup", "sandbox_start", "verifier")
+_MAX_TRIES = 50
+
+
+def worker_identity() -> str:
+    return f"worker {socket.gethostname()}:{os.getpid()}"
+
+
+class Breaker(BaseModel):
+    """One environment's breaker as stored."""
+
+    environment: str
+    state: State = "closed"
+    failures: int = 0
+    opened_at: float | None = None
+    held: bool = False
+    probe: str | None = None
+    probe_started_at: float | None = None
+    changed_by: str = ""
+    changed_at: float = 0.0
+    reason: str = ""
+    revision: int = 0
+
+    def next_probe_at(self, cooldown: float) -> float | None:
+        if self.state != "open" or self.held or self.opened_at is None:
+            return None
+        return self.opened_at + cooldown
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    probe: bool
+    breaker: Breaker
+    message: str = ""
+
+
+def _stamp(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+class BreakerBoard:
+    """Reads and changes the breakers in the job store; one per worker (or per command)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        settings: JobsSettings,
+        metrics: WorkerMetrics | None = None,
+        *,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._settings = settings.breaker
+        self._metrics = metrics
+        self._identity = identity or worker_identity()
+        self._clock = clock
+        self._root = f"{store._prefix}breakers/"
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.enabled
+
+    # -- storage ----------------------------------------------------------------------------
+
+    def _key(self, environment: str) -> str:
+        return f"{self._root}{environment}.json"
+
+    def read(self, environment: str) -> tuple[Breaker, str | None]:
+        """The breaker and its ETag (None: no record yet, i.e. closed with no failures)."""
+        store = self._store
+
+        def get() -> tuple[Breaker, str | None]:
+            try:
+                got = store._s3.get_object(Bucket=store._bucket, Key=self._key(environment))
+            except ClientError as exc:
+                if _missing(exc):
+                    return Breaker(environment=environment), None
+                raise
+            body = got["Body"].read()
+            return Breaker.model_validate_json(body), str(got["ETag"])
+
+        breaker, etag = store._call("read", get)
+        self._observe(breaker)
+        return breaker, etag
+
+    def _write(self, breaker: Breaker, etag: str | None) -> bool:
+        """Write if nobody changed it since it was read; False when someone did."""
+        store = self._store
+        condition: dict[str, Any] = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+
+        def put() -> bool:
+            try:
+                store._s3.put_object(
+                    Bucket=store._bucket,
+                    Key=self._key(breaker.environment),
+                    Body=breaker.model_dump_json().encode(),
+                    ContentType="application/json",
+                    **condition,
+                )
+            except ClientError as exc:
+                if _conflict(exc) or (etag and _missing(exc)):
+                    return False
+                raise
+            return True
+
+        return bool(store._call("write", put))
+
+    def _change(
+        self, environment: str, change: Callable[[Breaker], Breaker | None]
+    ) -> tuple[Breaker, Breaker]:
+        """Apply ``change`` (None: nothing to do) with compare-and-swap until it sticks;
+        returns (before, after)."""
+        for _ in range(_MAX_TRIES):
+            before, etag = self.read(environment)
+            after = change(before.model_copy(deep=True))
+            if after is None:
+                return before, before
+            after.revision = before.revision + 1
+            after.changed_at = self._clock()
+            after.changed_by = after.changed_by or self._identity
+            if self._write(after, etag):
+                if after.state != before.state:
+                    log.warning(
+                        "environment %s: breaker %s -> %s (%s, by %s)",
+                        environment,
+                        before.state,
+                        after.state,
+                        after.reason,
+                        after.changed_by,
+                    )
+                    if self._metrics is not None:
+                        self._metrics.breaker_transition(environment, after.state)
+                self._observe(after)
+                return before, after
+        raise StorageError("object storage: a breaker kept changing under this writer")
+
+    def _observe(self, breaker: Breaker) -> None:
+        if self._metrics is not None:
+            self._metrics.breaker_state(breaker.environment, breaker.state)
+
+    def list(self) -> list[Breaker]:
+        found = []
+        for key in self._store._list(self._root):
+            name = key.removeprefix(self._root).removesuffix(".json")
+            found.append(self.read(name)[0])
+        return found
+
+    def refresh(self) -> None:
+        """Copy every stored breaker's state into this worker's gauge."""
+        if self.enabled:
+            self.list()
+
+    # -- the worker's side ------------------------------------------------------------------
+
+    def admit(self, environment: str, job_id: str) -> Admission:
+        """May ``job_id`` run in ``environment`` now? Claims the probe when one is due."""
+        if not self.enabled:
+            return Admission(True, False, Breaker(environment=environment))
+        cooldown = self._settings.cooldown_seconds
+        decided: dict[str, bool] = {}
+
+        def change(b: Breaker) -> Breaker | None:
+            decided.clear()
+            now = self._clock()
+            if b.state == "closed":
+                decided["allowed"] = True
+                return None
+            if b.state == "half_open":
+                if b.probe == job_id:  # the probe, redelivered
+                    decided.update(allowed=True, probe=True)
+                    return None
+                if b.probe is None or not self._probe_ended(b.probe):
+                    return None
+            elif b.held or b.opened_at is None or now < b.opened_at + cooldown:
+                return None
+            b.state, b.probe, b.probe_started_at = "half_open", job_id, now
+            b.changed_by, b.reason = self._identity, f"probe {job_id}"
+            decided.update(allowed=True, probe=True)
+            return b
+
+        after = self._change(environment, change)[1]
+        if decided.get("allowed"):
+            return Admission(True, bool(decided.get("probe")), after)
+        return Admission(False, False, after, self._refusal(after, cooldown))
+
+    def _probe_ended(self, job_id: str) -> bool:
+        try:
+            return self._store.final(job_id) is not None
+        except StorageError:
+            return False
+
+    def _refusal(self, b: Breaker, cooldown: float) -> str:
+        if b.held:
+            when = "when an operator closes it (tiergate env breaker close)"
+        elif b.state == "half_open":
+            when = f"when probe job {b.probe} ends"
+        else:
+            when = f"after {_stamp(b.next_probe_at(cooldown))}"
+        state = "held open by an operator" if b.held else b.state.replace("_", "-")
+        return (
+            f"environment {b.environment!r} is unavailable: its circuit breaker is {state} "
+            f"after {b.failures} consecutive infrastructure failures ({b.reason}); the next "
+            f"probe job may run {when}"
+        )
+
+    def record(self, environment: str, job_id: str, verdict: Verdict, detail: str = "") -> None:
+        """What a finished job (or one handed back for retry) says about its environment."""
+        if not self.enabled:
+            return
+        threshold = self._settings.failures_to_open
+        if verdict in INFRA_STAGES and self._metrics is not None:
+            self._metrics.infra_failure(environment, verdict)
+
+        def change(b: Breaker) -> Breaker | None:
+            probe = b.state == "half_open" and b.probe == job_id
+            now = self._clock()
+            b.changed_by = self._identity
+            if verdict == "ok":
+                if probe:
+                    b.state, b.failures, b.opened_at = "closed", 0, None
+                    b.probe = b.probe_started_at = None
+                    b.reason = f"probe {job_id} worked"
+                    return b
+                if b.state == "closed" and b.failures:
+                    b.failures, b.reason = 0, f"job {job_id} worked"
+                    return b
+                return None
+            if verdict == "neutral":
+                if probe:
+                    b.state, b.probe, b.probe_started_at = "open", None, None
+                    b.reason = f"probe {job_id} ended without a verdict; next job probes"
+                    return b
+                return None
+            # An infrastructure failure.
+            if probe:
+                b.state, b.opened_at, b.failures = "open", now, b.failures + 1
+                b.probe = b.probe_started_at = None
+                b.reason = f"probe {job_id} failed: {verdict}: {detail}"[:300]
+                return b
+            if b.state != "closed":
+                return None  # a job admitted before it opened: already open
+            b.failures += 1
+            b.reason = f"{verdict}: {detail}"[:300]
+            if b.failures >= threshold:
+                b.state, b.opened_at = "open", now
+            return b
+
+        self._change(environment, change)
+
+    # -- the operator's side ----------------------------------------------------------------
+
+    def force_open(self, environment: str, by: str) -> Breaker:
+        """Open and hold: no probe runs until :meth:`force_close`."""
+
+        def change(b: Breaker) -> Breaker:
+            b.state, b.held, b.opened_at = "open", True, self._clock()
+            b.probe = b.probe_started_at = None
+            b.changed_by, b.reason = by, "opened by an operator"
+            return b
+
+        return self._change(environment, change)[1]
+
+    def force_close(self, environment: str, by: str) -> Breaker:
+        def change(b: Breaker) -> Breaker:
+            b.state, b.held, b.failures, b.opened_at = "closed", False, 0, None
+            b.probe = b.probe_started_at = None
+            b.changed_by, b.reason = by, "closed by an operator"
+            return b
+
+        return self._change(environment, change)[1]
+
+
+def describe(b: Breaker, cooldown: float) -> dict[str, Any]:
+    """A breaker as the operator command prints it."""
+    out: dict[str, Any] = b.model_dump(mode="json")
+    out["next_probe_at"] = b.next_probe_at(cooldown)
+    return out
+
+
+# -- the operator command (tiergate env breaker ...) ----------------------------------------
+
+
+def operator_identity() -> str:
+    user = "unknown"
+    with contextlib.suppress(Exception):
+        import getpass
+
+        user = getpass.getuser()
+    return f"operator {user}@{socket.gethostname()}"
+
+
+def command(settings: JobsSettings, action: str, name: str | None = None) -> list[dict[str, Any]]:
+    """``list``, ``open NAME`` or ``close NAME`` on the store the settings name."""
+    store = JobStore(settings.storage)
+    board = BreakerBoard(store, settings, identity=operator_identity())
+    cooldown = settings.breaker.cooldown_seconds
+    if action == "list":
+        return [describe(b, cooldown) for b in board.list()]
+    if name is None:
+        raise ValueError(f"{action} needs an environment name")
+    if not re.fullmatch(ENVIRONMENT_PATTERN, name):
+        raise ValueError(f"{name!r} is not an environment name ({ENVIRONMENT_PATTERN})")
+    if action == "open":
+        return [describe(board.force_open(name, operator_identity()), cooldown)]
+    if action == "close":
+        return [describe(board.force_close(name, operator_identity()), cooldown)]
+    raise ValueError(f"unknown action {action!r}")
