@@ -44,7 +44,7 @@ from tiergate.queue.schema import (
     ReplayStep,
     ReplayVerifier,
 )
-from tiergate.queue.store import ARTIFACTS, JobStore
+from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox
 
 # The statuses a replay can start from (with a trajectory: a job that failed before its
@@ -76,16 +76,8 @@ def check_environment(recorded: str, worker: str | None) -> None:
         )
 
 
-def read_artifact(store: JobStore, job_id: str, name: str) -> bytes | None:
-    """A job's artifact (``trajectory``, ``verifier_log``, ...), None when absent.
-
-    The store has no public reader of artifacts (the gateway hands out presigned URLs);
-    the worker reads with the store's own plumbing."""
-    return store._get(store._key(job_id, ARTIFACTS[name]))
-
-
 def read_trajectory(store: JobStore, job_id: str) -> list[dict[str, Any]] | None:
-    raw = read_artifact(store, job_id, "trajectory")
+    raw = store.read_artifact(job_id, "trajectory")
     if raw is None:
         return None
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]

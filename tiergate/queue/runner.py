@@ -39,7 +39,6 @@ from tiergate.queue.replay import (
     check_environment,
     environment_of,
     prepare_workspace,
-    read_artifact,
     read_trajectory,
 )
 from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
@@ -326,7 +325,7 @@ class JobRunner:
             spec = self._store.spec(original_id) or message.spec
             environment = environment_of(original, spec)
             check_environment(environment, getattr(self._settings.worker, "environment", None))
-            log_raw = read_artifact(self._store, original_id, "verifier_log")
+            log_raw = self._store.read_artifact(original_id, "verifier_log")
             return self._run_replay(job, message, original, spec, recorded, log_raw, environment)
         except ReplayRefused as exc:
             self._end(

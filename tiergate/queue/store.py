@@ -356,6 +356,10 @@ class JobStore:
     def put_artifact(self, job_id: str, name: str, body: bytes) -> None:
         self._put(self._key(job_id, ARTIFACTS[name]), body)
 
+    def read_artifact(self, job_id: str, name: str) -> bytes | None:
+        """A job's artifact (one of :data:`ARTIFACTS`), or None when it was never stored."""
+        return self._get(self._key(job_id, ARTIFACTS[name]))
+
     def artifact_urls(self, job_id: str) -> dict[str, str]:
         present = set(self._list(self._key(job_id, "artifacts/")))
         present |= set(self._list(self._key(job_id, "result.json")))
