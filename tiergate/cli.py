@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tiergate.jobsclient import JobsClient
+    from tiergate.settings import JobsSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 model_app = typer.Typer(no_args_is_help=True, help="Prepare the embedded default model.")
@@ -563,6 +564,56 @@ def _breaker(action: str, name: str | None) -> None:
         raise typer.Exit(2) from None
     except StorageError as exc:
         typer.echo(f"tiergate env breaker: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for row in rows:
+        typer.echo(json.dumps(row, sort_keys=True))
+
+
+@env_app.command("build")
+def env_build(
+    file: Annotated[
+        Path, typer.Argument(help="The manifest (YAML), e.g. environments/default.yaml")
+    ],
+    upload: Annotated[
+        bool, typer.Option("--upload/--no-upload", help="Store and register it (jobs.storage)")
+    ] = True,
+    out: Annotated[Path | None, typer.Option(help="Keep the built tar here")] = None,
+) -> None:
+    """Build an environment with mmdebstrap (needs root), store it and register its name;
+    progress on stderr, then one JSON line: name, digest, bytes, build_seconds."""
+    import json
+
+    from tiergate.envs.build import BuildError
+    from tiergate.envs.commands import build_command
+    from tiergate.queue.store import StorageError
+
+    jobs = _settings().jobs if upload else None
+    try:
+        row = build_command(jobs or _default_jobs(), file, upload=upload, out=out)
+    except (BuildError, StorageError, OSError, ValueError) as exc:
+        typer.echo(f"tiergate env build: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(row, sort_keys=True))
+
+
+def _default_jobs() -> JobsSettings:
+    from tiergate.settings import JobsSettings
+
+    return JobsSettings()
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """The registered environments (one JSON object a line)."""
+    import json
+
+    from tiergate.envs.commands import list_command
+    from tiergate.queue.store import StorageError
+
+    try:
+        rows = list_command(_settings().jobs)
+    except StorageError as exc:
+        typer.echo(f"tiergate env list: {exc}", err=True)
         raise typer.Exit(1) from None
     for row in rows:
         typer.echo(json.dumps(row, sort_keys=True))

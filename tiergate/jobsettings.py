@@ -66,6 +66,9 @@ class SandboxSettings(_Section):
     """Where and how commands run (bubblewrap)."""
 
     work_dir: str = "/var/lib/tiergate/jobs"
+    # Environments (tiergate.envs) are unpacked once under <cache_dir>/envs/<digest>/rootfs;
+    # the worker's user must be able to write it, the sandbox's user to traverse it.
+    cache_dir: str = "/var/lib/tiergate/cache"
     output_limit_chars: int = Field(2000, ge=100)
     # When the worker runs as root, sandboxed commands run as this unprivileged user.
     uid: int = 65534

@@ -93,6 +93,11 @@ class JobLifecycle:
         self._emit(job.id, "job.in_progress", status=job.status.value, attempt=deliveries)
         return job
 
+    def ran_in(self, job: Job, digest: str) -> None:
+        """Record the digest of the environment the job runs in (before its first command)."""
+        job.environment_digest = digest
+        self._store.put_status(job)
+
     def step(self, job: Job, entry: dict[str, Any]) -> None:
         job.steps = entry["step"]
         self._store.put_status(job)

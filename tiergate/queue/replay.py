@@ -20,9 +20,12 @@ captured it (a bounded head and tail); durations are recorded beside, never comp
 The environment: the original's environment identity is read from the job (or its spec)
 when it has one (``environment``; "default" otherwise) and written in the report. A worker
 that names the environment it serves (``jobs.worker.environment``, where that exists)
-refuses to replay a job recorded in another one (``environment_mismatch``). Today every
-worker runs the same sandbox (bubblewrap over the host's read-only system), so the only
-identity is "default" and no refusal can happen; no digest of the system is recorded.
+refuses to replay a job recorded in another one (``environment_mismatch``). A job that ran
+in a built environment (:mod:`tiergate.envs`) recorded its digest (``environment_digest``):
+the replay runs in that same digest, fetched by digest, whatever the name points at now
+(a blob no longer stored: ``environment_not_found``), and the digest is in the report; a
+job that ran in the worker's own system (no digest) is replayed in the worker's own
+system, even if a "default" environment was registered since.
 """
 
 from __future__ import annotations
@@ -66,13 +69,25 @@ def environment_of(job: Job, spec: JobCreate | None) -> str:
     return str(found) if found else "default"
 
 
-def check_environment(recorded: str, worker: str | None) -> None:
+def check_environment(
+    recorded: str,
+    worker: str | None,
+    recorded_digest: str | None = None,
+    digest: str | None = None,
+) -> None:
     """Refuse a replay on a worker that serves another environment than the original's.
-    ``worker`` None: the worker names none, i.e. it runs the one sandbox every worker runs."""
+    ``worker`` None: the worker names none, i.e. it runs the one sandbox every worker runs.
+    When the original recorded a digest, the replay's root (``digest``) must be that one."""
     if worker is not None and worker != recorded:
         raise ReplayRefused(
             "environment_mismatch",
             f"the job ran in environment {recorded!r}; this worker runs {worker!r}",
+        )
+    if recorded_digest != digest:
+        raise ReplayRefused(
+            "environment_mismatch",
+            f"the job ran in environment digest {recorded_digest}; the replay would run in "
+            f"{digest}",
         )
 
 
@@ -142,7 +157,11 @@ class Replay:
     on_step: Callable[[dict[str, Any]], None] = lambda entry: None
 
     def run(self) -> ReplayRun:
-        report = ReplayReport(original=self.original.id, environment=self.environment)
+        report = ReplayReport(
+            original=self.original.id,
+            environment=self.environment,
+            environment_digest=self.original.environment_digest,
+        )
         run = ReplayRun(report=report)
         setup = [e for e in self.recorded if e.get("type") == "setup"]
         commands = [e for e in self.recorded if e.get("type") == "command"]

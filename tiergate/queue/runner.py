@@ -14,6 +14,10 @@ What ends a job, and how:
   with ``environment_unavailable`` at once, before a sandbox is made; what every other job
   says about its environment (worked, an infrastructure failure, nothing) goes to the
   breaker when it ends.
+- a job naming an environment (tiergate.envs) that is not registered: ``failed`` with
+  ``environment_not_found`` (the job's mistake, not the environment's: no breaker verdict);
+  fetching or unpacking a registered one failing is an infrastructure failure (the breaker
+  hears ``sandbox_start``; a storage error is retried like any other).
 Redelivery is normal: a job whose terminal record exists is not run again.
 """
 
@@ -27,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from tiergate.envs.cache import EnvCache
+from tiergate.envs.registry import Registry
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
 from tiergate.queue.lifecycle import JobLifecycle
@@ -57,6 +63,10 @@ class Abandoned(Exception):
     """The worker is shutting down before the job finished; it will be redelivered."""
 
 
+class EnvironmentNotFound(Exception):
+    """The job names an environment that is not registered."""
+
+
 class JobRunner:
     """Runs jobs for one worker thread; ``abandon()`` may be called from another thread."""
 
@@ -83,6 +93,12 @@ class JobRunner:
         # through the store; _run leaves what the job said about its environment here.
         self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
         self._verdict: tuple[Verdict, str] = ("neutral", "")
+        self._registry = Registry(store)
+        self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
+        # Wall-clock times of the last job: its message picked up, its first command's
+        # process spawned (None: none ran) (tiergate bench sandbox).
+        self.picked_up = 0.0
+        self.first_spawn: float | None = None
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
@@ -106,6 +122,7 @@ class JobRunner:
     # -- the job ----------------------------------------------------------------------------
 
     def process(self, message: JobMessage) -> Outcome:
+        self.picked_up, self.first_spawn = time.time(), None
         final = self._store.final(message.id)
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
@@ -167,6 +184,8 @@ class JobRunner:
                 if isinstance(exc, SandboxError)
                 else "model_refused"
                 if isinstance(exc, ModelRefused)
+                else "environment_not_found"
+                if isinstance(exc, EnvironmentNotFound)
                 else "internal"
             )
             if reason == "internal":
@@ -191,14 +210,35 @@ class JobRunner:
         except StorageError as exc:
             log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
 
+    def _environment(self, job: Job, name: str) -> Path | None:
+        """The root the job runs in: a registered name's unpacked root (its digest recorded
+        on the job first); "default" unregistered: None, the worker's own system."""
+        entry = self._registry.resolve(name)
+        if entry is None:
+            if name == "default":
+                return None
+            raise EnvironmentNotFound(
+                f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
+            )
+        self._jobs.ran_in(job, entry.digest)
+        return self._fetch_environment(entry.digest)
+
+    def _fetch_environment(self, digest: str) -> Path:
+        try:
+            return self._envs.get(digest)
+        except (SandboxError, StorageError) as exc:
+            self._verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
+            raise
+
     def _run(self, job: Job, message: JobMessage) -> Outcome:
         if job.replay_of or message.replay_of:
             return self._replay(job, message)
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
+        root = self._environment(job, spec.environment)
         try:
-            sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
+            sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
         except SandboxError as exc:
             self._verdict = ("sandbox_start", str(exc))
             raise
@@ -294,6 +334,7 @@ class JobRunner:
                 self._end(job, JobStatus.COMPLETED, "ok")
             return "finished"
         finally:
+            self.first_spawn = sandbox.first_spawn
             stop_watch.set()
             model.close()
             sandbox.close()
@@ -324,9 +365,22 @@ class JobRunner:
                 )
             spec = self._store.spec(original_id) or message.spec
             environment = environment_of(original, spec)
-            check_environment(environment, getattr(self._settings.worker, "environment", None))
+            digest = original.environment_digest
+            if digest is not None and not self._registry.has_blob(digest):
+                raise ReplayRefused(
+                    "environment_not_found",
+                    f"job {original_id} ran in environment digest {digest}, no longer stored",
+                )
+            check_environment(
+                environment, getattr(self._settings.worker, "environment", None), digest, digest
+            )
+            root = None if digest is None else self._fetch_environment(digest)
+            if digest is not None:
+                self._jobs.ran_in(job, digest)
             log_raw = self._store.read_artifact(original_id, "verifier_log")
-            return self._run_replay(job, message, original, spec, recorded, log_raw, environment)
+            return self._run_replay(
+                job, message, original, spec, recorded, log_raw, environment, root
+            )
         except ReplayRefused as exc:
             self._end(
                 job, JobStatus.FAILED, exc.code, error={"code": exc.code, "message": str(exc)}
@@ -342,9 +396,10 @@ class JobRunner:
         recorded: list[dict[str, Any]],
         verifier_log: bytes | None,
         environment: str,
+        root: Path | None = None,
     ) -> Outcome:
         disk = spec.limits.disk_mb * 1024 * 1024
-        sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox)
+        sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
         self._sandbox = sandbox
         cancelled = threading.Event()
         stop_watch = threading.Event()

@@ -117,7 +117,11 @@ class JobCreate(_Strict):
         pattern=ENVIRONMENT_PATTERN,
         description="The named environment the job runs in; its circuit breaker is kept per "
         "name (jobs of an environment whose infrastructure keeps failing end fast with "
-        "environment_unavailable). Today every name runs in the worker's own sandbox.",
+        "environment_unavailable). A name registered with `tiergate env build` runs in that "
+        "environment's root file system (its digest is recorded on the job as "
+        'environment_digest); "default" runs in the worker\'s own system unless a '
+        '"default" environment is registered; any other unknown name fails the job '
+        "with environment_not_found.",
     )
 
     @field_validator("metadata")
@@ -191,6 +195,9 @@ class ReplayReport(BaseModel):
 
     original: str
     environment: str = "default"
+    # The digest of the environment the original (and so the replay) ran in; None: the
+    # worker's own system.
+    environment_digest: str | None = None
     setup: list[ReplayStep] = Field(default_factory=list)
     steps: list[ReplayStep] = Field(default_factory=list)
     verifier: ReplayVerifier | None = None
@@ -223,6 +230,9 @@ class Job(BaseModel):
     cancel_requested_at: int | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     environment: str = "default"
+    # The sha256 of the environment's root file system the job ran in (tiergate.envs);
+    # None: the worker's own system (or not started yet).
+    environment_digest: str | None = None
     kind: Literal["agent", "replay"] = "agent"
     replay_of: str | None = None
     replay: ReplayReport | None = None

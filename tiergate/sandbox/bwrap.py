@@ -9,6 +9,13 @@ The verifier's commands (``verifier=True``) also run with ``PYTHONSAFEPATH=1`` a
 user site directory in it on the import path, and no dotfile the agent left is read as
 the home directory's.
 
+With an environment (``root``: an unpacked root file system from
+:mod:`tiergate.envs.cache`), that tree is bound read-only as ``/`` instead of the worker's
+``/usr`` and friends, with no copy per job; the job's writable layer is tmpfs on ``/tmp``,
+``/var/tmp`` and ``/run`` plus the workspace bind: bubblewrap 0.8 (Debian 12) has no
+overlay options (``--overlay`` came in 0.10), so the root itself stays read-only and the
+writable paths are exactly ``/tmp``, ``/var/tmp``, ``/run`` and ``/workspace``.
+
 Bubblewrap runs unprivileged (user namespaces) either way, as it does in a pod, so a
 root worker's sandbox is no stronger than a non-root one's and a bug in it gives no root.
 """
@@ -26,7 +33,11 @@ GATE = 'IFS= read -r go && [ "$go" = run ] && exec "$@" </dev/null; exit 125'
 
 
 def bwrap_argv(
-    workspace: Path, command: str, seccomp_fd: int | None = None, verifier: bool = False
+    workspace: Path,
+    command: str,
+    seccomp_fd: int | None = None,
+    verifier: bool = False,
+    root: Path | None = None,
 ) -> list[str]:
     argv = [
         "bwrap",
@@ -36,17 +47,19 @@ def bwrap_argv(
         "--die-with-parent",
         "--new-session",
         "--clearenv",
-        "--ro-bind",
-        "/usr",
-        "/usr",
     ]
-    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
-        if Path(f"/{name}").is_symlink():
-            argv += ["--symlink", f"usr/{name}", f"/{name}"]
-        elif Path(f"/{name}").is_dir():
-            argv += ["--ro-bind", f"/{name}", f"/{name}"]
-    argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if root is not None:
+        argv += ["--ro-bind", str(root), "/", "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+    else:
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib64", "lib32"):
+            if Path(f"/{name}").is_symlink():
+                argv += ["--symlink", f"usr/{name}", f"/{name}"]
+            elif Path(f"/{name}").is_dir():
+                argv += ["--ro-bind", f"/{name}", f"/{name}"]
+        argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
     argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
     argv += ["--setenv", "HOME", "/tmp" if verifier else "/workspace"]
@@ -68,10 +81,12 @@ def command_argv(
     gated: bool,
     seccomp_fd: int | None = None,
     verifier: bool = False,
+    root: Path | None = None,
 ) -> list[str]:
     """The whole command line; ``gated`` puts :data:`GATE` in front (stdin must be a pipe);
-    ``seccomp_fd`` must reach bubblewrap open (``pass_fds``)."""
-    argv = bwrap_argv(workspace, command, seccomp_fd, verifier)
+    ``seccomp_fd`` must reach bubblewrap open (``pass_fds``); ``root``: an environment's
+    unpacked root (None: the worker's own system, read-only)."""
+    argv = bwrap_argv(workspace, command, seccomp_fd, verifier, root)
     if as_root:
         argv = [
             "setpriv",

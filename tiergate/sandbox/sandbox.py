@@ -65,13 +65,25 @@ def _traversable(path: Path) -> bool:
 class Sandbox:
     """One job's sandbox; commands run one at a time."""
 
-    def __init__(self, job_id: str, limits: JobLimits, settings: SandboxSettings) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        limits: JobLimits,
+        settings: SandboxSettings,
+        root: Path | None = None,
+    ) -> None:
+        """``root``: an environment's unpacked root file system (:mod:`tiergate.envs`),
+        bound read-only as ``/``; None: the worker's own system, read-only."""
         if shutil.which("bwrap") is None:
             raise SandboxError("bubblewrap (bwrap) is not installed")
         if not job_id or "/" in job_id or "\0" in job_id or job_id.strip(".") == "":
             raise SandboxError(f"{job_id!r} cannot name a sandbox")
         self._limits = limits
         self._settings = settings
+        self._root = root
+        # Wall-clock time (time.time()) the first command's process was spawned: the end of
+        # pickup-to-first-command (tiergate bench sandbox).
+        self.first_spawn: float | None = None
         self._as_root = os.geteuid() == 0
         self._filter = seccomp.program(settings)  # before anything is made: may raise
         self._proc: subprocess.Popen[bytes] | None = None
@@ -93,6 +105,11 @@ class Sandbox:
                     raise SandboxError(
                         f"sandbox.work_dir {base} must be reachable by other users "
                         "(every parent directory needs o+x)"
+                    )
+                if root is not None and not _traversable(root):
+                    raise SandboxError(
+                        f"the environment's root {root} must be reachable by other users "
+                        "(every parent directory of sandbox.cache_dir needs o+x)"
                     )
         except (OSError, SandboxError) as exc:
             self.close()
@@ -191,6 +208,7 @@ class Sandbox:
                 gated=gated,
                 seccomp_fd=filter_fd,
                 verifier=verifier,
+                root=self._root,
             )
             with self._lock:
                 proc = self._proc = subprocess.Popen(
@@ -201,6 +219,8 @@ class Sandbox:
                     start_new_session=True,
                     pass_fds=() if filter_fd is None else (filter_fd,),
                 )
+                if self.first_spawn is None:
+                    self.first_spawn = time.time()
         finally:
             if filter_fd is not None:
                 os.close(filter_fd)

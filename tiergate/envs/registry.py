@@ -1,0 +1,106 @@
+"""Environments in object storage, beside the jobs (under the jobs storage prefix):
+
+- ``<prefix>envs/blobs/<digest>.tar``: a built root file system, uploaded once (multipart,
+  boto3's ``upload_file``) and never changed: its key is its content's sha256, so a worker
+  checks what it downloads against the key;
+- ``<prefix>envs/names/<name>.json``: ``{name, digest, manifest, built_at, bytes,
+  build_seconds}``; registering a name again points it at the new digest, the old blob
+  stays (a job records the digest it ran in, and a replay runs in that one).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import BaseModel
+
+from tiergate.envs.build import Built
+from tiergate.queue.store import JobStore, StorageError, _missing
+
+_TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20)
+
+
+class Registered(BaseModel):
+    name: str
+    digest: str
+    manifest: dict[str, Any]
+    built_at: int
+    bytes: int
+    build_seconds: float
+
+
+class Registry:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._root = f"{store._prefix}envs/"
+
+    def blob_key(self, digest: str) -> str:
+        return f"{self._root}blobs/{digest}.tar"
+
+    def _name_key(self, name: str) -> str:
+        return f"{self._root}names/{name}.json"
+
+    def has_blob(self, digest: str) -> bool:
+        store = self._store
+
+        def head() -> bool:
+            try:
+                store._s3.head_object(Bucket=store._bucket, Key=self.blob_key(digest))
+            except ClientError as exc:
+                if _missing(exc):
+                    return False
+                raise
+            return True
+
+        return store._call("read", head)
+
+    def register(self, built: Built) -> Registered:
+        """Upload the blob (unless that digest is stored already) and point the name at it."""
+        store = self._store
+        if not self.has_blob(built.digest):
+            try:
+                store._s3.upload_file(
+                    str(built.path), store._bucket, self.blob_key(built.digest), Config=_TRANSFER
+                )
+            except (ClientError, BotoCoreError, OSError) as exc:
+                raise StorageError(f"the environment could not be uploaded: {exc}") from exc
+        entry = Registered(
+            name=built.manifest.name,
+            digest=built.digest,
+            manifest=built.manifest.model_dump(mode="json"),
+            built_at=int(time.time()),
+            bytes=built.bytes,
+            build_seconds=round(built.seconds, 3),
+        )
+        store._put(
+            self._name_key(entry.name),
+            entry.model_dump_json().encode(),
+            ContentType="application/json",
+        )
+        return entry
+
+    def resolve(self, name: str) -> Registered | None:
+        raw = self._store._get(self._name_key(name))
+        return None if raw is None else Registered.model_validate_json(raw)
+
+    def list(self) -> list[Registered]:
+        found = []
+        for key in self._store._list(f"{self._root}names/"):
+            raw = self._store._get(key)
+            if raw is not None:
+                found.append(Registered.model_validate_json(raw))
+        return sorted(found, key=lambda e: e.name)
+
+    def download(self, digest: str, path: Path) -> None:
+        """The blob to ``path``; :class:`StorageError` if it cannot be read."""
+        store = self._store
+        try:
+            store._s3.download_file(
+                store._bucket, self.blob_key(digest), str(path), Config=_TRANSFER
+            )
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise StorageError(f"environment {digest[:12]} could not be fetched: {exc}") from exc
