@@ -1,5 +1,6 @@
 # tiergate's own image, for the gateway and the job workers (vLLM pods use the upstream
-# vLLM image). Small, non-root, with bubblewrap for the workers' sandbox.
+# vLLM image). Small, non-root, with bubblewrap for the workers' sandbox and mmdebstrap for
+# building job environments (`tiergate env build`, the chart's environment Job, as root).
 #   docker build -t REGISTRY/tiergate:0.1.0 . && docker push REGISTRY/tiergate:0.1.0
 FROM python:3.11-slim AS build
 WORKDIR /src
@@ -9,7 +10,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap tini \
+    && apt-get install -y --no-install-recommends bubblewrap tini mmdebstrap \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin tiergate
 COPY --from=build /wheels /wheels

@@ -268,6 +268,23 @@ def bench_limits(
     run_limits_benchmark(out, requests)
 
 
+@bench_app.command("sandbox")
+def bench_sandbox(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    manifest: Annotated[Path, typer.Option(help="The environment to build and run in")] = Path(
+        "environments/default.yaml"
+    ),
+    cold: Annotated[int, typer.Option(help="Jobs with the cache emptied first")] = 5,
+    warm: Annotated[int, typer.Option(help="Jobs with the environment cached")] = 30,
+    builds: Annotated[int, typer.Option(help="Builds of the manifest (2: check the digest)")] = 1,
+) -> None:
+    """Environment build time and pickup-to-first-command latency, cold and warm (needs
+    root, mmdebstrap, bubblewrap and the local SeaweedFS); writes sandbox-bench.md/.json."""
+    from tiergate.bench.sandbox import run_sandbox_benchmark
+
+    run_sandbox_benchmark(out, manifest, cold, warm, max(1, builds))
+
+
 @quant_app.command("build")
 def quant_build(
     source: Annotated[Path | None, typer.Option(help="Standard-tier checkpoint")] = None,
