@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fakes.fake_vllm import FakeVllm
+from tests.jobs.envs import built_test_env
+from tiergate.envs.build import Built
 
 
 @pytest.fixture
@@ -15,3 +19,11 @@ def model() -> Iterator[FakeVllm]:
     fake = FakeVllm().start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture(scope="session")
+def built_env() -> Built:
+    """The test environment (tests/jobs/envs.py), built once or taken from the cache."""
+    if shutil.which("mmdebstrap") is None or os.geteuid() != 0:
+        pytest.skip("building an environment needs mmdebstrap and root")
+    return built_test_env()

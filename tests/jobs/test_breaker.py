@@ -5,6 +5,7 @@ probe through after the cool-down and closes when the probe works."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -16,7 +17,10 @@ import httpx
 import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.envs import cache_dir
 from tests.jobstack import JobsStack, jobs_stack
+from tiergate.envs.build import Built
+from tiergate.envs.registry import Registry
 from tiergate.queue.breaker import Breaker, BreakerBoard, command
 from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.schema import JobCreate
@@ -181,11 +185,20 @@ def _run(stack: JobsStack, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_breaker_opens_fails_fast_and_closes_after_a_probe(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path, built_env: Built
 ) -> None:
     model.behaviour.replies = ["DONE"]
-    jobs = {"breaker": {"failures_to_open": 2, "cooldown_seconds": 2}}
+    jobs = {
+        "breaker": {"failures_to_open": 2, "cooldown_seconds": 2},
+        "sandbox": {"cache_dir": cache_dir()},
+    }
     with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        # Names that are not registered fail (environment_not_found): both are the test
+        # environment (tests/jobs/envs.py) under two names, two breakers.
+        registry = Registry(JobStore(stack.jobs.storage))
+        for name in ("flaky", "other"):
+            renamed = built_env.manifest.model_copy(update={"name": name})
+            registry.register(dataclasses.replace(built_env, manifest=renamed))
         first, second = stack.start_worker(), stack.start_worker()  # share the breaker
         board = BreakerBoard(JobStore(stack.jobs.storage), stack.jobs)
         flaky = {**BROKEN, "environment": "flaky"}

@@ -9,52 +9,24 @@ survives) skip the ~30 s build; the reproducibility test builds it once more."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.envs import MANIFEST, NEEDS_MMDEBSTRAP, cache_dir, cached_tar
 from tests.jobs.unprivileged import NOBODY, delegated, start_worker
 from tests.jobstack import JobsStack, jobs_stack
-from tiergate.envs.build import Built, build, sha256_file
-from tiergate.envs.manifest import Manifest
+from tiergate.envs.build import Built, build
 from tiergate.envs.registry import Registry
 from tiergate.queue.store import JobStore
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("mmdebstrap") is None or os.geteuid() != 0,
-    reason="building an environment needs mmdebstrap and root",
-)
+pytestmark = NEEDS_MMDEBSTRAP
 
-MANIFEST = Manifest(name="test-jq", packages=["jq"], files={"/etc/tiergate-env": "test\n"})
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
 PROBE = "jq --version; git --version; curl --version; cat /etc/tiergate-env"
-
-
-def _cached_tar() -> Path:
-    return Path.home() / ".cache/tiergate/envs" / f"test-{MANIFEST.digest()}.tar"
-
-
-@pytest.fixture(scope="session")
-def built_env() -> Built:
-    """The test environment, built once (or taken from the cache)."""
-    path = _cached_tar()
-    if not path.exists():
-        return build(MANIFEST, path)
-    return Built(MANIFEST, path, sha256_file(path), path.stat().st_size, 0.0)
-
-
-def _cache_dir(owner: int = 0) -> str:
-    path = Path(f"/tmp/tiergate-envcache/{uuid.uuid4().hex[:10]}")
-    path.mkdir(parents=True)
-    os.chown(path, owner, owner)
-    path.chmod(0o755)
-    return str(path)
 
 
 def _trajectory(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,7 +53,7 @@ def test_reproducible_build_gives_one_digest(built_env: Built, tmp_path: Path) -
     if again.digest != built_env.digest:
         third = build(MANIFEST, tmp_path / "third.tar")
         assert third.digest == again.digest, "two builds of one manifest gave two digests"
-        shutil.copyfile(again.path, _cached_tar())
+        shutil.copyfile(again.path, cached_tar())
     assert again.bytes > 10_000_000
 
 
@@ -89,7 +61,7 @@ def test_job_runs_in_the_environment_and_records_its_digest(
     built_env: Built, broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     model.behaviour.replies = [f"```bash\n{PROBE}\n```", "DONE"]
-    jobs = {"sandbox": {"cache_dir": _cache_dir()}}
+    jobs = {"sandbox": {"cache_dir": cache_dir()}}
     with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
         entry = Registry(JobStore(stack.jobs.storage)).register(built_env)
         assert entry.digest == built_env.digest
@@ -156,7 +128,7 @@ def test_unprivileged_worker_uses_a_cached_environment(
         Registry(JobStore(stack.jobs.storage)).register(built_env)
         job = _probe_job(stack, "test-jq")
         with delegated(stack.jobs) as unprivileged:
-            unprivileged.sandbox.cache_dir = _cache_dir(NOBODY)
+            unprivileged.sandbox.cache_dir = cache_dir(NOBODY)
             log = tmp_path / "worker.log"
             worker = start_worker(unprivileged, log)
             try:

@@ -83,8 +83,12 @@ class JobLifecycle:
 
     # -- the worker's side ------------------------------------------------------------------
 
-    def start(self, message: JobMessage, deliveries: int) -> Job:
+    def start(
+        self, message: JobMessage, deliveries: int, environment_digest: str | None = None
+    ) -> Job:
+        """In progress; ``environment_digest``: the environment it runs in (tiergate.envs)."""
         job = self._store.get(message.id) or self.new_job(message.id, message.owner, message.spec)
+        job.environment_digest = environment_digest
         job.status = JobStatus.IN_PROGRESS
         job.started_at = int(time.time())
         job.attempts = deliveries
@@ -94,7 +98,7 @@ class JobLifecycle:
         return job
 
     def ran_in(self, job: Job, digest: str) -> None:
-        """Record the digest of the environment the job runs in (before its first command)."""
+        """Record the digest of the environment a replay runs in (its original's)."""
         job.environment_digest = digest
         self._store.put_status(job)
 

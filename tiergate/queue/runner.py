@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tiergate.envs.cache import EnvCache
-from tiergate.envs.registry import Registry
+from tiergate.envs.registry import Registered, Registry
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
 from tiergate.queue.lifecycle import JobLifecycle
@@ -167,11 +167,23 @@ class JobRunner:
             )
             self._dead_letter(message)
             return "dead"
-        job = self._jobs.start(message, deliveries)
+        # The environment's name is resolved before the job is marked in progress, so that
+        # its digest goes in that same write (one write fewer before the first command); a
+        # failure to resolve it is raised below, where the job's failures are handled.
+        lookup: Registered | Exception | None = None
+        if not (message.replay_of or (current is not None and current.replay_of)):
+            try:
+                lookup = self._registry.resolve(environment)
+            except StorageError as exc:
+                lookup = exc
+        digest = lookup.digest if isinstance(lookup, Registered) else None
+        job = self._jobs.start(message, deliveries, environment_digest=digest)
         self._verdict = ("neutral", "")
         abandoned = False
         try:
-            return self._run(job, message)
+            if isinstance(lookup, Exception):
+                raise lookup
+            return self._run(job, message, lookup)
         except Abandoned:
             abandoned = True  # it runs again (the probe too, if it was one): no verdict
             self._store.forget_delivery(message.id, deliveries)
@@ -210,17 +222,16 @@ class JobRunner:
         except StorageError as exc:
             log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
 
-    def _environment(self, job: Job, name: str) -> Path | None:
-        """The root the job runs in: a registered name's unpacked root (its digest recorded
-        on the job first); "default" unregistered: None, the worker's own system."""
-        entry = self._registry.resolve(name)
+    def _environment(self, name: str, entry: Registered | None) -> Path | None:
+        """The root the job runs in: a registered name's unpacked root (its digest was
+        recorded on the job when it started); "default" unregistered: None, the worker's
+        own system."""
         if entry is None:
             if name == "default":
                 return None
             raise EnvironmentNotFound(
                 f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
             )
-        self._jobs.ran_in(job, entry.digest)
         return self._fetch_environment(entry.digest)
 
     def _fetch_environment(self, digest: str) -> Path:
@@ -230,13 +241,13 @@ class JobRunner:
             self._verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
             raise
 
-    def _run(self, job: Job, message: JobMessage) -> Outcome:
+    def _run(self, job: Job, message: JobMessage, entry: Registered | None = None) -> Outcome:
         if job.replay_of or message.replay_of:
             return self._replay(job, message)
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
-        root = self._environment(job, spec.environment)
+        root = self._environment(spec.environment, entry)
         try:
             sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
         except SandboxError as exc:
