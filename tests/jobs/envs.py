@@ -5,20 +5,13 @@ in conftest.py), so reruns, and CI when that cache survives, skip the ~30 s buil
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
-
-import pytest
 
 from tiergate.envs.build import Built, build, sha256_file
 from tiergate.envs.manifest import Manifest
 
 MANIFEST = Manifest(name="test-jq", packages=["jq"], files={"/etc/tiergate-env": "test\n"})
-NEEDS_MMDEBSTRAP = pytest.mark.skipif(
-    shutil.which("mmdebstrap") is None or os.geteuid() != 0,
-    reason="building an environment needs mmdebstrap and root",
-)
 
 
 def cached_tar() -> Path:

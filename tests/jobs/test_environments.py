@@ -16,14 +16,12 @@ from typing import Any
 import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tests.jobs.envs import MANIFEST, NEEDS_MMDEBSTRAP, cache_dir, cached_tar
+from tests.jobs.envs import MANIFEST, cache_dir, cached_tar
 from tests.jobs.unprivileged import NOBODY, delegated, start_worker
 from tests.jobstack import JobsStack, jobs_stack
 from tiergate.envs.build import Built, build
 from tiergate.envs.registry import Registry
 from tiergate.queue.store import JobStore
-
-pytestmark = NEEDS_MMDEBSTRAP
 
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
 PROBE = "jq --version; git --version; curl --version; cat /etc/tiergate-env"
