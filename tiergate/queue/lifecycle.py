@@ -84,10 +84,20 @@ class JobLifecycle:
     # -- the worker's side ------------------------------------------------------------------
 
     def start(
-        self, message: JobMessage, deliveries: int, environment_digest: str | None = None
+        self,
+        message: JobMessage,
+        deliveries: int,
+        environment_digest: str | None = None,
+        current: Job | None = None,
     ) -> Job:
-        """In progress; ``environment_digest``: the environment it runs in (tiergate.envs)."""
-        job = self._store.get(message.id) or self.new_job(message.id, message.owner, message.spec)
+        """In progress; ``environment_digest``: the environment it runs in (tiergate.envs);
+        ``current``: the job's record as the caller just read it (saves reading it again
+        before the first command), else it is read here."""
+        job = (
+            current
+            or self._store.get(message.id)
+            or self.new_job(message.id, message.owner, message.spec)
+        )
         job.environment_digest = environment_digest
         job.status = JobStatus.IN_PROGRESS
         job.started_at = int(time.time())

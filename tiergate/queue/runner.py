@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,20 +124,29 @@ class JobRunner:
 
     def process(self, message: JobMessage) -> Outcome:
         self.picked_up, self.first_spawn = time.time(), None
-        final = self._store.final(message.id)
+        environment = message.spec.environment
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="pickup") as reads:
+            # The pickup's independent reads at once (one round trip to the store instead of
+            # three, before the first command: tiergate bench sandbox). The environment's name
+            # is resolved speculatively; a replay, found below, does not use it.
+            final_read = reads.submit(self._store.final, message.id)
+            current_read = reads.submit(self._store.get, message.id)
+            name_read = (
+                None if message.replay_of else reads.submit(self._registry.resolve, environment)
+            )
+        final = final_read.result()
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
             # stream must still end, so the event is written now.
             self._jobs.ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
-        current = self._store.get(message.id)
+        current = current_read.result()
         if message.resent and current is not None and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
         if current is not None and self._store.cancel_requested(message.id):
             self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        environment = message.spec.environment
         admission = self._breakers.admit(environment, message.id)
         if not admission.allowed:
             # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
@@ -171,13 +181,13 @@ class JobRunner:
         # its digest goes in that same write (one write fewer before the first command); a
         # failure to resolve it is raised below, where the job's failures are handled.
         lookup: Registered | Exception | None = None
-        if not (message.replay_of or (current is not None and current.replay_of)):
+        if name_read is not None and not (current is not None and current.replay_of):
             try:
-                lookup = self._registry.resolve(environment)
+                lookup = name_read.result()
             except StorageError as exc:
                 lookup = exc
         digest = lookup.digest if isinstance(lookup, Registered) else None
-        job = self._jobs.start(message, deliveries, environment_digest=digest)
+        job = self._jobs.start(message, deliveries, environment_digest=digest, current=current)
         self._verdict = ("neutral", "")
         abandoned = False
         try:
