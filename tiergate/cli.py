@@ -573,9 +573,8 @@ def _breaker(action: str, name: str | None) -> None:
     from tiergate.queue.breaker import command
     from tiergate.queue.store import StorageError
 
-    settings = _settings()
     try:
-        rows = command(settings.jobs, action, name)
+        rows = command(_store_settings(), action, name)
     except ValueError as exc:
         typer.echo(f"tiergate env breaker: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -604,13 +603,32 @@ def env_build(
     from tiergate.envs.commands import build_command
     from tiergate.queue.store import StorageError
 
-    jobs = _settings().jobs if upload else None
+    jobs = _store_settings() if upload else _default_jobs()
     try:
-        row = build_command(jobs or _default_jobs(), file, upload=upload, out=out)
+        row = build_command(jobs, file, upload=upload, out=out)
     except (BuildError, StorageError, OSError, ValueError) as exc:
         typer.echo(f"tiergate env build: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(row, sort_keys=True))
+
+
+def _store_settings() -> JobsSettings:
+    """The jobs settings the env commands act on: the configured ones; with nothing
+    configured at all (no TIERGATE_CONFIG, no TIERGATE_JOBS* variables, no object store
+    endpoint), the local stack's (`make up`: SeaweedFS on 127.0.0.1:9000), so that the
+    README's commands work beside it. An empty endpoint is otherwise AWS S3 itself."""
+    settings = _settings()
+    configured = "TIERGATE_CONFIG" in os.environ or any(
+        key.startswith("TIERGATE_JOBS") for key in os.environ
+    )
+    if configured or settings.jobs.storage.endpoint_url is not None:
+        return settings.jobs
+    from tiergate.local.jobs import LocalPorts, local_jobs_settings
+    from tiergate.local.servers import LOCAL_CREDENTIALS
+
+    for key, value in LOCAL_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    return local_jobs_settings(settings, LocalPorts())
 
 
 def _default_jobs() -> JobsSettings:
@@ -628,7 +646,7 @@ def env_list() -> None:
     from tiergate.queue.store import StorageError
 
     try:
-        rows = list_command(_settings().jobs)
+        rows = list_command(_store_settings())
     except StorageError as exc:
         typer.echo(f"tiergate env list: {exc}", err=True)
         raise typer.Exit(1) from None
