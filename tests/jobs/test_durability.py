@@ -86,12 +86,26 @@ def test_restarts_of_broker_and_object_store_lose_nothing(
         # The producer and the topics come back by themselves.
         after_broker = _submit_eventually(stack.base)
         store_server.restart()
-        assert httpx.get(f"{stack.base}/v1/jobs/{before}").json()["status"] == "queued"
+        # Just restarted, the store may still answer errors for a moment (a 503
+        # store_unavailable, as documented); the API recovers by itself, and the job is there.
+        assert _get_eventually(stack.base, before)["status"] == "queued"
         after_store = _submit_eventually(stack.base)
         stack.start_worker()
         for job_id in (before, after_broker, after_store):
             final = stack.wait(job_id, lambda j: j["status"] in TERMINAL, timeout=120)
             assert final["status"] == "completed", final
+
+
+def _get_eventually(base: str, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30)
+        if resp.status_code == 200:
+            return dict(resp.json())
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "store_unavailable", resp.text
+        assert time.monotonic() < deadline, f"the jobs API did not recover: {resp.text}"
+        time.sleep(0.5)
 
 
 def _submit_eventually(base: str, timeout: float = 60) -> str:
