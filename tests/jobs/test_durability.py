@@ -21,6 +21,7 @@ from tiergate.queue.runner import JobRunner
 from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 from tiergate.queue.sweep import sweep
+from tiergate.sandbox.cgroup import find_parent
 from tiergate.queue.worker import Worker
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"
@@ -174,6 +175,11 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_after_max_attempts(
         final = httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()
         assert final["status"] == "failed" and final["error"]["code"] == "crashed_workers"
         assert model.record.requests == 0  # it did not run a third time
+        # The sandbox made as it was picked up (tiergate.queue.runner) is gone with its
+        # waiting first process: no workspace, no cgroup left behind.
+        assert not (Path(stack.jobs.sandbox.work_dir) / job["id"]).exists()
+        parent = find_parent(stack.jobs.sandbox)
+        assert not [d for d in parent.dirs if (d / f"job-{job['id']}").exists()]
 
 
 def test_idempotency_key_and_outstanding_cap(

@@ -8,8 +8,9 @@ What is measured, and how:
   (no Kafka: the broker's delivery time is not the sandbox's), against a local SeaweedFS
   S3 started for the run, with the real breaker, lifecycle writes, environment resolution,
   fetch and unpack, cgroup, seccomp and bubblewrap. It starts when ``process`` is entered
-  (``JobRunner.picked_up``) and ends (a) when the first setup command's process is spawned
-  (``Sandbox.first_spawn``, the hook in the sandbox) and (b) when that command, ``date
+  (``JobRunner.picked_up``) and ends (a) when the first setup command is handed to its
+  process (``Sandbox.first_spawn``, the hook in the sandbox; that process is made ahead, in
+  the job's cgroup, while the pickup's reads go on) and (b) when that command, ``date
   +%s.%N``, runs inside the sandbox (the time it prints: bubblewrap's setup included);
 - cold: the worker's environment cache emptied before each job (fetch from S3, sha256,
   unpack included); warm: cached; and the same jobs in the worker's own system (no
@@ -231,7 +232,7 @@ def render(r: dict[str, Any]) -> str:
         "## Pickup to first command",
         "",
         "From `JobRunner.process` being called with the job's message (no Kafka) to the "
-        "first setup command's process spawned (spawn) and to that command running inside "
+        "first setup command handed to its process (spawn) and to that command running inside "
         "bubblewrap (first command); local SeaweedFS S3, real breaker, lifecycle writes, "
         "cgroup, seccomp. The floor rows: the sandbox alone (no runner, no S3).",
         "",

@@ -176,12 +176,17 @@ class BreakerBoard:
         return bool(store._call("write", put))
 
     def _change(
-        self, environment: str, change: Callable[[Breaker], Breaker | None]
+        self,
+        environment: str,
+        change: Callable[[Breaker], Breaker | None],
+        seen: tuple[Breaker, str | None] | None = None,
     ) -> tuple[Breaker, Breaker]:
         """Apply ``change`` (None: nothing to do) with compare-and-swap until it sticks;
-        returns (before, after)."""
+        returns (before, after). ``seen``: what :meth:`read` just returned, used for the
+        first try (a stale one only costs a failed write and a fresh read)."""
         for _ in range(_MAX_TRIES):
-            before, etag = self.read(environment)
+            before, etag = seen if seen is not None else self.read(environment)
+            seen = None
             after = change(before.model_copy(deep=True))
             if after is None:
                 return before, before
@@ -222,8 +227,12 @@ class BreakerBoard:
 
     # -- the worker's side ------------------------------------------------------------------
 
-    def admit(self, environment: str, job_id: str) -> Admission:
-        """May ``job_id`` run in ``environment`` now? Claims the probe when one is due."""
+    def admit(
+        self, environment: str, job_id: str, seen: tuple[Breaker, str | None] | None = None
+    ) -> Admission:
+        """May ``job_id`` run in ``environment`` now? Claims the probe when one is due.
+        ``seen``: the breaker as :meth:`read` returned it moments ago (the worker reads it
+        with the pickup's other reads); a closed one admits without another round trip."""
         if not self.enabled:
             return Admission(True, False, Breaker(environment=environment))
         cooldown = self._settings.cooldown_seconds
@@ -248,7 +257,7 @@ class BreakerBoard:
             decided.update(allowed=True, probe=True)
             return b
 
-        after = self._change(environment, change)[1]
+        after = self._change(environment, change, seen)[1]
         if decided.get("allowed"):
             return Admission(True, bool(decided.get("probe")), after)
         return Admission(False, False, after, self._refusal(after, cooldown))

@@ -8,17 +8,22 @@ Rules it keeps:
 - every event gets the next free sequence number, each written once (If-None-Match), so
   two writers (a gateway cancelling while a worker steps) never overwrite each other;
 - a terminal event follows a terminal record; a job whose writer died between the two gets
-  it from :meth:`ensure_terminal_event` on its next delivery.
+  it from :meth:`ensure_terminal_event` on its next delivery;
+- one job's writes land in the order they are made: the worker's ``start`` may write in the
+  background (``wait=False``, while the job's first command spawns: nothing a caller is
+  promised depends on seeing "in_progress" before the command runs), and every later
+  change of that job waits for those writes first (:meth:`settle`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
-from tiergate.queue.store import JobStore
+from tiergate.queue.store import JobStore, StorageError
 
 log = logging.getLogger("tiergate.jobs")
 
@@ -31,6 +36,8 @@ class JobLifecycle:
     def __init__(self, store: JobStore) -> None:
         self._store = store
         self._sequence: dict[str, int] = {}  # the last event number this process wrote
+        self._pending: dict[str, Future[None]] = {}  # a job's writes still in flight
+        self._writer: ThreadPoolExecutor | None = None
 
     def _emit(self, job_id: str, kind: str, **data: Any) -> None:
         event = {"type": kind, "created_at": int(time.time()), **data}
@@ -41,6 +48,19 @@ class JobLifecycle:
 
     def forget(self, job_id: str) -> None:
         self._sequence.pop(job_id, None)
+
+    def settle(self, job_id: str, quiet: bool = False) -> None:
+        """Wait for the job's writes still in flight; their failure is raised (``quiet``:
+        logged: the caller is ending the job anyway, and its own writes follow)."""
+        pending = self._pending.pop(job_id, None)
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except StorageError as exc:
+            if not quiet:
+                raise
+            log.warning("job %s: its start was not recorded: %s", job_id, exc)
 
     # -- the gateway's side -----------------------------------------------------------------
 
@@ -89,10 +109,14 @@ class JobLifecycle:
         deliveries: int,
         environment_digest: str | None = None,
         current: Job | None = None,
+        last_sequence: int | None = None,
+        wait: bool = True,
     ) -> Job:
         """In progress; ``environment_digest``: the environment it runs in (tiergate.envs);
         ``current``: the job's record as the caller just read it (saves reading it again
-        before the first command), else it is read here."""
+        before the first command), else it is read here; ``last_sequence``: the job's last
+        event number as the caller just listed it; ``wait=False``: the writes go on in the
+        background, and the job's next change waits for them (:meth:`settle`)."""
         job = (
             current
             or self._store.get(message.id)
@@ -103,16 +127,30 @@ class JobLifecycle:
         job.started_at = int(time.time())
         job.attempts = deliveries
         job.error = None
+        if last_sequence is not None:
+            self._sequence.setdefault(job.id, last_sequence)
+        self.settle(job.id, quiet=True)
+        snapshot = job.model_copy(deep=True)  # the caller goes on changing ``job``
+        if wait:
+            self._write_start(snapshot, deliveries)
+        else:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lifecycle")
+            self._pending[job.id] = self._writer.submit(self._write_start, snapshot, deliveries)
+        return job
+
+    def _write_start(self, job: Job, deliveries: int) -> None:
         self._store.put_status(job)
         self._emit(job.id, "job.in_progress", status=job.status.value, attempt=deliveries)
-        return job
 
     def ran_in(self, job: Job, digest: str) -> None:
         """Record the digest of the environment a replay runs in (its original's)."""
+        self.settle(job.id)
         job.environment_digest = digest
         self._store.put_status(job)
 
     def step(self, job: Job, entry: dict[str, Any]) -> None:
+        self.settle(job.id)
         job.steps = entry["step"]
         self._store.put_status(job)
         self._emit(
@@ -125,12 +163,14 @@ class JobLifecycle:
         )
 
     def verified(self, job: Job, result: JobResult) -> None:
+        self.settle(job.id)
         job.result = result
         self._emit(
             job.id, "job.verified", exit_code=result.verifier_exit_code, reward=result.reward
         )
 
     def retrying(self, job: Job, attempt: int, delay: float, error: str) -> None:
+        self.settle(job.id, quiet=True)
         job.status = JobStatus.QUEUED
         job.error = {"code": "retrying", "message": error}
         self._store.put_status(job)
@@ -146,6 +186,7 @@ class JobLifecycle:
     ) -> Job:
         """End the job once; returns the job as finally recorded (another writer's, if it
         got there first)."""
+        self.settle(job.id, quiet=True)
         job.status = status
         job.completed_at = int(time.time())
         if error is not None:

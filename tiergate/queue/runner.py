@@ -28,9 +28,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
@@ -48,12 +48,13 @@ from tiergate.queue.replay import (
     prepare_workspace,
     read_trajectory,
 )
-from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
+from tiergate.queue.schema import Job, JobCreate, JobLimits, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
+_T = TypeVar("_T")
 
 Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned"]
 # Called with (status, reason) when a job ends here, for the worker's metrics.
@@ -100,6 +101,7 @@ class JobRunner:
         # process spawned (None: none ran) (tiergate bench sandbox).
         self.picked_up = 0.0
         self.first_spawn: float | None = None
+        self._early: Sandbox | SandboxError | None = None
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
@@ -124,16 +126,64 @@ class JobRunner:
 
     def process(self, message: JobMessage) -> Outcome:
         self.picked_up, self.first_spawn = time.time(), None
+        self._early = self._early_sandbox(message)
+        try:
+            return self._pickup(message)
+        finally:
+            self._drop_early()
+
+    def _early_sandbox(self, message: JobMessage) -> Sandbox | SandboxError | None:
+        """The job's sandbox, made as it is picked up: its first command's process moves
+        into the job's cgroup (the kernel's slow part, tiergate.sandbox.sandbox) while the
+        pickup's round trips to the store go on. Not for a replay (its sandbox is made from
+        the original's record) nor a re-sent message (the job may be running elsewhere in
+        this worker under the same name). Unused, it is closed when ``process`` returns."""
+        if message.replay_of or message.resent:
+            return None
+        try:
+            return Sandbox(message.id, message.spec.limits, self._settings.sandbox)
+        except SandboxError as exc:
+            return exc  # raised where the job's sandbox is needed, with its verdict
+
+    def _drop_early(self) -> None:
+        early, self._early = self._early, None
+        if isinstance(early, Sandbox):
+            early.close()
+
+    def _sandbox_for(self, job: Job, limits: JobLimits, root: Path | None) -> Sandbox:
+        """The job's sandbox: the one made at pickup, else a new one; in ``root``."""
+        early, self._early = self._early, None
+        if isinstance(early, SandboxError):
+            raise early
+        if early is None:
+            return Sandbox(job.id, limits, self._settings.sandbox, root=root)
+        try:
+            early.use_root(root)
+        except SandboxError:
+            early.close()
+            raise
+        return early
+
+    def _pickup(self, message: JobMessage) -> Outcome:
         environment = message.spec.environment
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="pickup") as reads:
+        with ThreadPoolExecutor(max_workers=7, thread_name_prefix="pickup") as reads:
             # The pickup's independent reads at once (one round trip to the store instead of
-            # three, before the first command: tiergate bench sandbox). The environment's name
-            # is resolved speculatively; a replay, found below, does not use it.
+            # seven, before the first command: tiergate bench sandbox). Some are speculative:
+            # the environment's name (a replay does not use it), the cancel marker (asked
+            # only of a known job), the breaker, the deliveries and events so far (used by
+            # the writes below; reading them a moment earlier changes nothing, the writes
+            # are conditional).
             final_read = reads.submit(self._store.final, message.id)
             current_read = reads.submit(self._store.get, message.id)
+            cancel_read = reads.submit(self._store.cancel_requested, message.id)
             name_read = (
                 None if message.replay_of else reads.submit(self._registry.resolve, environment)
             )
+            breaker_read = (
+                reads.submit(self._breakers.read, environment) if self._breakers.enabled else None
+            )
+            deliveries_read = reads.submit(self._store.deliveries, message.id)
+            events_read = reads.submit(self._store.last_sequence, message.id)
         final = final_read.result()
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
@@ -144,10 +194,11 @@ class JobRunner:
         current = current_read.result()
         if message.resent and current is not None and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
-        if current is not None and self._store.cancel_requested(message.id):
+        if current is not None and cancel_read.result():
             self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        admission = self._breakers.admit(environment, message.id)
+        seen = None if breaker_read is None else _result_or_none(breaker_read)
+        admission = self._breakers.admit(environment, message.id, seen)
         if not admission.allowed:
             # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
             # dead-lettered like other failures, so it can be sent again once it works.
@@ -161,7 +212,7 @@ class JobRunner:
             )
             self._dead_letter(message)
             return "dead"
-        deliveries = self._store.record_delivery(message.id)
+        deliveries = self._store.record_delivery(message.id, _result_or_none(deliveries_read))
         max_attempts = self._settings.worker.max_attempts
         if deliveries > max_attempts:
             job = current or self._jobs.new_job(message.id, message.owner, message.spec)
@@ -178,8 +229,8 @@ class JobRunner:
             self._dead_letter(message)
             return "dead"
         # The environment's name is resolved before the job is marked in progress, so that
-        # its digest goes in that same write (one write fewer before the first command); a
-        # failure to resolve it is raised below, where the job's failures are handled.
+        # its digest goes in that same write; a failure to resolve it is raised below, where
+        # the job's failures are handled.
         lookup: Registered | Exception | None = None
         if name_read is not None and not (current is not None and current.replay_of):
             try:
@@ -187,7 +238,16 @@ class JobRunner:
             except StorageError as exc:
                 lookup = exc
         digest = lookup.digest if isinstance(lookup, Registered) else None
-        job = self._jobs.start(message, deliveries, environment_digest=digest, current=current)
+        # Marked in progress in the background, while the sandbox is made and the first
+        # command spawns; the job's next write waits for it (JobLifecycle.settle).
+        job = self._jobs.start(
+            message,
+            deliveries,
+            environment_digest=digest,
+            current=current or self._jobs.new_job(message.id, message.owner, message.spec),
+            last_sequence=_result_or_none(events_read),
+            wait=False,
+        )
         self._verdict = ("neutral", "")
         abandoned = False
         try:
@@ -219,6 +279,7 @@ class JobRunner:
             self._dead_letter(message)
             return "dead"
         finally:
+            self._jobs.settle(message.id, quiet=True)
             if not abandoned:
                 self._judge(environment, message.id)
 
@@ -253,13 +314,14 @@ class JobRunner:
 
     def _run(self, job: Job, message: JobMessage, entry: Registered | None = None) -> Outcome:
         if job.replay_of or message.replay_of:
+            self._drop_early()  # a replay's sandbox has the same name: made afresh
             return self._replay(job, message)
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
         root = self._environment(spec.environment, entry)
         try:
-            sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
+            sandbox = self._sandbox_for(job, spec.limits, root)
         except SandboxError as exc:
             self._verdict = ("sandbox_start", str(exc))
             raise
@@ -523,6 +585,14 @@ class JobRunner:
             self._queue.dead_letter(message)
         except QueueUnavailable as exc:
             log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
+
+
+def _result_or_none(read: Future[_T]) -> _T | None:
+    """A speculative read's value; None when it failed (the caller reads again)."""
+    try:
+        return read.result()
+    except StorageError:
+        return None
 
 
 def _verifier_verdict(

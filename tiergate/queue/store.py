@@ -293,10 +293,16 @@ class JobStore:
         with contextlib.suppress(StorageError):
             self._delete(f"{self._prefix}idempotency/{owner}/{digest}")
 
-    def record_delivery(self, job_id: str) -> int:
-        """Count one more pickup of the job, whichever worker it is; returns its number."""
+    def deliveries(self, job_id: str) -> int:
+        """How many pickups of the job are recorded."""
+        return len(self._list(self._key(job_id, "deliveries/")))
+
+    def record_delivery(self, job_id: str, seen: int | None = None) -> int:
+        """Count one more pickup of the job, whichever worker it is; returns its number.
+        ``seen``: what :meth:`deliveries` just returned (saves listing them again; a
+        concurrent pickup that took the next number moves this one past it)."""
         prefix = self._key(job_id, "deliveries/")
-        number = len(self._list(prefix)) + 1
+        number = (self.deliveries(job_id) if seen is None else seen) + 1
         while not self._put_once(f"{prefix}{number:04d}", str(time.time()).encode()):
             number += 1
         return number

@@ -22,6 +22,7 @@ root worker's sandbox is no stronger than a non-root one's and a bug in it gives
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from tiergate.queue.schema import JobLimits
@@ -30,6 +31,16 @@ from tiergate.settings import SandboxSettings
 # Run by /bin/sh before the sandbox: waits until the worker has put this shell into the
 # job's cgroup (and says "run"), so that not one instruction runs outside the limits.
 GATE = 'IFS= read -r go && [ "$go" = run ] && exec "$@" </dev/null; exit 125'
+
+# A command's first process made before its command is known (tiergate.sandbox.sandbox's
+# standby): /bin/sh waits, already in the job's cgroup, until the worker has written the
+# command line to the script ``$1`` (:func:`standby_script`) and says "run".
+STANDBY = 'IFS= read -r go && [ "$go" = run ] && . "$1"; exit 125'
+
+
+def standby_script(argv: list[str]) -> str:
+    """What :data:`STANDBY` runs: ``argv`` (quoted for /bin/sh), stdin closed."""
+    return f"exec {shlex.join(argv)} </dev/null\n"
 
 
 def bwrap_argv(

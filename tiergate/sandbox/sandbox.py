@@ -1,5 +1,12 @@
 """One job's sandbox: its workspace, its cgroup, and its commands, run one at a time.
 
+Commands start from a standby: a process made in advance (at the sandbox's start and after
+each command, in the background), already in the job's cgroup, waiting to be told what to
+run. Moving a process into a cgroup can wait for an RCU grace period in the kernel (about
+10 ms here, whatever the process), so that wait is paid while the worker does something
+else (its object-storage round trips at pickup, the model's turn between commands) and not
+between a command being known and it running (tiergate bench sandbox).
+
 Limits: memory, process count and CPU through the job's cgroup (required unless the
 operator set ``allow_unlimited``); file size, open files and CPU seconds through rlimits;
 the workspace's size through :meth:`Sandbox.check_disk`, which the runner calls after
@@ -35,12 +42,13 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.queue.schema import JobLimits
 from tiergate.sandbox import files, seccomp
-from tiergate.sandbox.bwrap import command_argv
+from tiergate.sandbox.bwrap import STANDBY, command_argv, standby_script
 from tiergate.sandbox.capture import read_bounded
 from tiergate.sandbox.cgroup import find_parent
 from tiergate.sandbox.errors import SandboxError
@@ -56,6 +64,14 @@ class CommandResult:
     output: str
     timed_out: bool
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Standby:
+    """A command's first process, in the job's cgroup, waiting for "run"."""
+
+    proc: subprocess.Popen[bytes]
+    seccomp_fd: int | None  # the filter's descriptor number in that process
 
 
 def _traversable(path: Path) -> bool:
@@ -80,7 +96,9 @@ class Sandbox:
             raise SandboxError(f"{job_id!r} cannot name a sandbox")
         self._limits = limits
         self._settings = settings
-        self._root = root
+        self._root: Path | None = None
+        self._standby: Future[_Standby] | None = None
+        self._closed = False
         # Wall-clock time (time.time()) the first command's process was spawned: the end of
         # pickup-to-first-command (tiergate bench sandbox).
         self.first_spawn: float | None = None
@@ -106,16 +124,78 @@ class Sandbox:
                         f"sandbox.work_dir {base} must be reachable by other users "
                         "(every parent directory needs o+x)"
                     )
-                if root is not None and not _traversable(root):
-                    raise SandboxError(
-                        f"the environment's root {root} must be reachable by other users "
-                        "(every parent directory of sandbox.cache_dir needs o+x)"
-                    )
+            self.use_root(root)
         except (OSError, SandboxError) as exc:
             self.close()
             if isinstance(exc, SandboxError):
                 raise
             raise SandboxError(f"cannot make the workspace under {base}: {exc}") from exc
+        # The script a standby runs: the worker's alone (outside every sandbox's mounts).
+        self._script = self.root / "command.sh"
+        self._prepare_standby()
+
+    def use_root(self, root: Path | None) -> None:
+        """Run the next commands in ``root`` (an environment's unpacked root file system;
+        None: the worker's own system): a sandbox may be made before its environment is
+        fetched."""
+        if root is not None and self._as_root and not _traversable(root):
+            raise SandboxError(
+                f"the environment's root {root} must be reachable by other users "
+                "(every parent directory of sandbox.cache_dir needs o+x)"
+            )
+        self._root = root
+
+    # -- standby ----------------------------------------------------------------------------
+
+    def _prepare_standby(self) -> None:
+        """Make the next command's first process in the background (with a cgroup only:
+        without one, nothing is moved and a command spawns as fast at once)."""
+        if self._cgroup is None or self._closed:
+            return
+        made: Future[_Standby] = Future()
+        self._standby = made
+
+        def make() -> None:
+            try:
+                made.set_result(self._spawn_standby())
+            except BaseException as exc:  # handed to the command that needs it
+                made.set_exception(exc)
+
+        threading.Thread(target=make, name="sandbox-standby", daemon=True).start()
+
+    def _spawn_standby(self) -> _Standby:
+        assert self._cgroup is not None
+        filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", STANDBY, "sandbox", str(self._script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=() if filter_fd is None else (filter_fd,),
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start a command: {exc}") from exc
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
+        try:
+            self._cgroup.add(proc.pid)
+        except SandboxError:
+            _discard(proc)
+            raise
+        return _Standby(proc, filter_fd)
+
+    def _take_standby(self) -> _Standby:
+        made = self._standby
+        if made is None:
+            raise SandboxError("the sandbox is closed")
+        self._standby = None
+        try:
+            return made.result(timeout=60)
+        except TimeoutError as exc:
+            raise SandboxError("a command's process did not start within 60 s") from exc
 
     def _make_cgroup(self, job_id: str) -> JobCgroup | None:
         """The job's cgroup; without one, an error unless the operator allowed that."""
@@ -195,44 +275,34 @@ class Sandbox:
                     os.lchown(os.path.join(dirpath, name), uid, gid)
         started = time.monotonic()
         deadline = started + timeout
-        gated = self._cgroup is not None
-        filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
-        try:
+        cpu_seconds = max(1, int(timeout * self._limits.cpus) + 1)
+        if self._cgroup is not None:
+            standby = self._take_standby()
             argv = command_argv(
                 workspace,
                 command,
                 self._limits,
                 self._settings,
-                cpu_seconds=max(1, int(timeout * self._limits.cpus) + 1),
+                cpu_seconds=cpu_seconds,
                 as_root=self._as_root,
-                gated=gated,
-                seccomp_fd=filter_fd,
+                gated=False,
+                seccomp_fd=standby.seccomp_fd,
                 verifier=verifier,
                 root=self._root,
             )
+            fd = os.open(self._script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as script:
+                script.write(standby_script(argv))
+            proc = standby.proc
             with self._lock:
-                proc = self._proc = subprocess.Popen(
-                    argv,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
-                    start_new_session=True,
-                    pass_fds=() if filter_fd is None else (filter_fd,),
-                )
-                if self.first_spawn is None:
-                    self.first_spawn = time.time()
-        finally:
-            if filter_fd is not None:
-                os.close(filter_fd)
+                self._proc = proc
+        else:
+            proc = self._spawn(workspace, command, cpu_seconds, verifier)
+        if self.first_spawn is None:
+            self.first_spawn = time.time()
         assert proc.stdout is not None
         try:
-            if self._cgroup is not None and proc.stdin is not None:
-                try:
-                    self._cgroup.add(proc.pid)
-                except SandboxError:
-                    self.kill()
-                    proc.wait()
-                    raise
+            if proc.stdin is not None:
                 with contextlib.suppress(BrokenPipeError):  # killed (cancelled) already
                     proc.stdin.write(b"run\n")
                     proc.stdin.close()
@@ -251,6 +321,7 @@ class Sandbox:
                     proc.stdin.close()
             with self._lock:
                 self._proc = None
+            self._prepare_standby()
         if timed_out:
             text += f"\n[timed out after {timeout:g}s]"
         return CommandResult(
@@ -259,6 +330,38 @@ class Sandbox:
             timed_out=timed_out,
             seconds=time.monotonic() - started,
         )
+
+    def _spawn(
+        self, workspace: Path, command: str, cpu_seconds: int, verifier: bool
+    ) -> subprocess.Popen[bytes]:
+        """A command without a cgroup to move it into: spawned when it is run."""
+        filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
+        try:
+            argv = command_argv(
+                workspace,
+                command,
+                self._limits,
+                self._settings,
+                cpu_seconds=cpu_seconds,
+                as_root=self._as_root,
+                gated=False,
+                seccomp_fd=filter_fd,
+                verifier=verifier,
+                root=self._root,
+            )
+            with self._lock:
+                proc = self._proc = subprocess.Popen(
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    pass_fds=() if filter_fd is None else (filter_fd,),
+                )
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
+        return proc
 
     def kill(self) -> None:
         """Kill the running command and everything it started."""
@@ -269,7 +372,23 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
+        """Kill what runs, remove the cgroup and the files; a second call does nothing."""
+        self._closed = True
         self.kill()
+        made, self._standby = self._standby, None
+        if made is not None:
+            with contextlib.suppress(Exception):
+                _discard(made.result(timeout=60).proc)
         if self._cgroup is not None:
             self._cgroup.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _discard(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a standby that will not run (its session: nothing else is in it yet)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
