@@ -21,8 +21,8 @@ from tiergate.queue.runner import JobRunner
 from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 from tiergate.queue.sweep import sweep
-from tiergate.sandbox.cgroup import find_parent
 from tiergate.queue.worker import Worker
+from tiergate.sandbox.cgroup import find_parent
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"
 TASK: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""The bodies of ``tiergate jobs ...`` (tiergate/cli.py declares the commands).
+"""The bodies of ``tiergate jobs ...`` (tiergate/cli/jobs.py declares the commands).
 
 Results go to stdout as JSON, progress and errors to stderr. Exit status: 0 done (for
 ``wait`` and ``submit --wait``: the job completed and its verifier passed), 1 the job

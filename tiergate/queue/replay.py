@@ -34,9 +34,9 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from tiergate.queue.jobsandbox import read_reward
 from tiergate.queue.schema import (
     Job,
     JobCreate,
@@ -252,10 +252,3 @@ class Replay:
             and passed_pair.recorded == passed_pair.replayed,
         )
         return report, result.output, replayed
-
-
-def read_reward(workspace: Path, name: str | None) -> float | None:
-    """The reward file's number, as the runner reads it for the original."""
-    from tiergate.queue.runner import _read_reward
-
-    return _read_reward(workspace, name)

@@ -23,21 +23,21 @@ Redelivery is normal: a job whose terminal record exists is not run again.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
+from tiergate.queue.jobsandbox import CancelWatch, read_reward, store_artifacts, verifier_verdict
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
+from tiergate.queue.pickup import read_pickup
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.replay import (
     REPLAYABLE,
@@ -54,7 +54,6 @@ from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
-_T = TypeVar("_T")
 
 Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned"]
 # Called with (status, reason) when a job ends here, for the worker's metrics.
@@ -166,39 +165,20 @@ class JobRunner:
 
     def _pickup(self, message: JobMessage) -> Outcome:
         environment = message.spec.environment
-        with ThreadPoolExecutor(max_workers=7, thread_name_prefix="pickup") as reads:
-            # The pickup's independent reads at once (one round trip to the store instead of
-            # seven, before the first command: tiergate bench sandbox). Some are speculative:
-            # the environment's name (a replay does not use it), the cancel marker (asked
-            # only of a known job), the breaker, the deliveries and events so far (used by
-            # the writes below; reading them a moment earlier changes nothing, the writes
-            # are conditional).
-            final_read = reads.submit(self._store.final, message.id)
-            current_read = reads.submit(self._store.get, message.id)
-            cancel_read = reads.submit(self._store.cancel_requested, message.id)
-            name_read = (
-                None if message.replay_of else reads.submit(self._registry.resolve, environment)
-            )
-            breaker_read = (
-                reads.submit(self._breakers.read, environment) if self._breakers.enabled else None
-            )
-            deliveries_read = reads.submit(self._store.deliveries, message.id)
-            events_read = reads.submit(self._store.last_sequence, message.id)
-        final = final_read.result()
+        reads = read_pickup(self._store, self._registry, self._breakers, message)
+        final, current = reads.final, reads.current
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
             # stream must still end, so the event is written now.
             self._jobs.ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
-        current = current_read.result()
         if message.resent and current is not None and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
-        if current is not None and cancel_read.result():
+        if current is not None and reads.cancel_requested.result():
             self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        seen = None if breaker_read is None else _result_or_none(breaker_read)
-        admission = self._breakers.admit(environment, message.id, seen)
+        admission = self._breakers.admit(environment, message.id, reads.breaker)
         if not admission.allowed:
             # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
             # dead-lettered like other failures, so it can be sent again once it works.
@@ -212,7 +192,7 @@ class JobRunner:
             )
             self._dead_letter(message)
             return "dead"
-        deliveries = self._store.record_delivery(message.id, _result_or_none(deliveries_read))
+        deliveries = self._store.record_delivery(message.id, reads.deliveries)
         max_attempts = self._settings.worker.max_attempts
         if deliveries > max_attempts:
             job = current or self._jobs.new_job(message.id, message.owner, message.spec)
@@ -232,9 +212,9 @@ class JobRunner:
         # its digest goes in that same write; a failure to resolve it is raised below, where
         # the job's failures are handled.
         lookup: Registered | Exception | None = None
-        if name_read is not None and not (current is not None and current.replay_of):
+        if reads.environment is not None and not (current is not None and current.replay_of):
             try:
-                lookup = name_read.result()
+                lookup = reads.environment.result()
             except StorageError as exc:
                 lookup = exc
         digest = lookup.digest if isinstance(lookup, Registered) else None
@@ -245,7 +225,7 @@ class JobRunner:
             deliveries,
             environment_digest=digest,
             current=current or self._jobs.new_job(message.id, message.owner, message.spec),
-            last_sequence=_result_or_none(events_read),
+            last_sequence=reads.last_event,
             wait=False,
         )
         self._verdict = ("neutral", "")
@@ -326,12 +306,10 @@ class JobRunner:
             self._verdict = ("sandbox_start", str(exc))
             raise
         self._sandbox = sandbox
-        cancelled = threading.Event()
-        stop_watch = threading.Event()
-        watcher = threading.Thread(
-            target=self._watch_cancel, args=(job.id, sandbox, cancelled, stop_watch), daemon=True
-        )
-        watcher.start()
+        watch = CancelWatch(
+            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
+        ).start()
+        cancelled = watch.cancelled
         trajectory: list[dict[str, Any]] = []
         model = self._model_client(message)
         try:
@@ -396,9 +374,11 @@ class JobRunner:
                         spec.verifier.command, spec.verifier.timeout_seconds, verifier=True
                     )
                 verifier_log = result.output
-                self._verdict = _verifier_verdict(result.exit_code, result.timed_out, cancelled)
+                self._verdict = verifier_verdict(
+                    result.exit_code, result.timed_out, cancelled.is_set()
+                )
                 sandbox.check_disk(disk, verifier=True)
-                reward = _read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
+                reward = read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
                 self._jobs.verified(
                     job,
                     JobResult(
@@ -418,7 +398,7 @@ class JobRunner:
             return "finished"
         finally:
             self.first_spawn = sandbox.first_spawn
-            stop_watch.set()
+            watch.stop()
             model.close()
             sandbox.close()
             self._sandbox = None
@@ -484,12 +464,10 @@ class JobRunner:
         disk = spec.limits.disk_mb * 1024 * 1024
         sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
         self._sandbox = sandbox
-        cancelled = threading.Event()
-        stop_watch = threading.Event()
-        watcher = threading.Thread(
-            target=self._watch_cancel, args=(job.id, sandbox, cancelled, stop_watch), daemon=True
-        )
-        watcher.start()
+        watch = CancelWatch(
+            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
+        ).start()
+        cancelled = watch.cancelled
 
         def on_step(entry: dict[str, Any]) -> None:
             self._metrics.observe_sandbox("command", float(entry["seconds"]))
@@ -522,7 +500,7 @@ class JobRunner:
             self._end(job, JobStatus.COMPLETED, "ok")
             return "finished"
         finally:
-            stop_watch.set()
+            watch.stop()
             sandbox.close()
             self._sandbox = None
 
@@ -530,26 +508,10 @@ class JobRunner:
         if self._abandon.is_set():
             raise Abandoned
 
-    def _watch_cancel(
-        self, job_id: str, sandbox: Sandbox, cancelled: threading.Event, stop: threading.Event
-    ) -> None:
-        while not stop.wait(self._settings.worker.cancel_poll_seconds):
-            try:
-                if self._store.cancel_requested(job_id):
-                    cancelled.set()
-                    sandbox.kill()
-                    return
-            except StorageError:
-                continue
-
     def _store_artifacts(
         self, job: Job, sandbox: Sandbox, trajectory: list[dict[str, Any]], verifier_log: str | None
     ) -> None:
-        lines = "".join(json.dumps(entry, default=str) + "\n" for entry in trajectory)
-        self._store.put_artifact(job.id, "trajectory", lines.encode())
-        if verifier_log is not None:
-            self._store.put_artifact(job.id, "verifier_log", verifier_log.encode())
-        self._store.put_artifact(job.id, "workspace", sandbox.archive())
+        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log)
 
     # -- failure ----------------------------------------------------------------------------
 
@@ -585,37 +547,3 @@ class JobRunner:
             self._queue.dead_letter(message)
         except QueueUnavailable as exc:
             log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
-
-
-def _result_or_none(read: Future[_T]) -> _T | None:
-    """A speculative read's value; None when it failed (the caller reads again)."""
-    try:
-        return read.result()
-    except StorageError:
-        return None
-
-
-def _verifier_verdict(
-    exit_code: int, timed_out: bool, cancelled: threading.Event
-) -> tuple[Verdict, str]:
-    """A verifier that ran and judged (any exit status below 126, a wrong answer included)
-    shows the environment works; 126 and up (not executable, not found, killed by a signal)
-    or a negative status (the sandbox itself killed) is a crash of the environment. A
-    timeout or a cancellation says nothing."""
-    if timed_out or cancelled.is_set():
-        return ("neutral", "")
-    if exit_code >= 126 or exit_code < 0:
-        return ("verifier", f"the verifier crashed (exit {exit_code})")
-    return ("ok", "")
-
-
-def _read_reward(workspace: Path, name: str | None) -> float | None:
-    if not name:
-        return None
-    path = (workspace / name).resolve()
-    if not path.is_relative_to(workspace.resolve()) or not path.is_file():
-        return None
-    try:
-        return float(path.read_text().strip().split()[0])
-    except (ValueError, IndexError, OSError):
-        return None

@@ -1,0 +1,85 @@
+"""``tiergate bench``: benchmarks that print figures and write reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tiergate.cli.common import settings_or_exit
+from tiergate.tiers import Tier
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print figures and reports.")
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    duration: Annotated[float, typer.Option(help="Seconds per measurement")] = 10.0,
+    repeat: Annotated[int, typer.Option(help="Runs; the report gives each figure's median")] = 3,
+    workers: Annotated[
+        str, typer.Option(help="tiergate process counts to measure, comma-separated")
+    ] = "1",
+) -> None:
+    """Gateway overhead beside vllm-router and direct, against a zero-cost backend."""
+    from tiergate.bench.gateway import run_gateway_benchmark
+
+    counts = [int(w) for w in workers.split(",") if w.strip()]
+    if 1 not in counts or repeat < 1:
+        typer.echo("tiergate bench gateway: --workers must include 1; --repeat >= 1", err=True)
+        raise typer.Exit(2)
+    run_gateway_benchmark(out, duration, repeat=repeat, workers=counts)
+
+
+@bench_app.command("limits")
+def bench_limits(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    requests: Annotated[int, typer.Option(help="Requests per configuration")] = 5000,
+) -> None:
+    """Per-request cost of auth and limits, in-process and with Redis."""
+    from tiergate.bench.limits import run_limits_benchmark
+
+    run_limits_benchmark(out, requests)
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    manifest: Annotated[Path, typer.Option(help="The environment to build and run in")] = Path(
+        "environments/default.yaml"
+    ),
+    cold: Annotated[int, typer.Option(help="Jobs with the cache emptied first")] = 5,
+    warm: Annotated[int, typer.Option(help="Jobs with the environment cached")] = 30,
+    builds: Annotated[int, typer.Option(help="Builds of the manifest (2: check the digest)")] = 1,
+) -> None:
+    """Environment build time and pickup-to-first-command latency, cold and warm (needs
+    root, mmdebstrap, bubblewrap and the local SeaweedFS); writes sandbox-bench.md/.json."""
+    from tiergate.bench.sandbox import run_sandbox_benchmark
+
+    run_sandbox_benchmark(out, manifest, cold, warm, max(1, builds))
+
+
+@bench_app.command("tiers")
+def bench_tiers_cmd(
+    gateway: Annotated[str, typer.Option(help="Gateway URL")] = "http://127.0.0.1:8000",
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+    levels: Annotated[list[int], typer.Option(help="Concurrencies")] = [1, 4, 16],  # noqa: B006
+    requests: Annotated[int, typer.Option(help="Requests per level (at least the level)")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per request")] = 128,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Both tiers through the gateway at several concurrencies; Markdown, JSON and PNG."""
+    import json
+
+    from tiergate.bench.tiers import bench_tiers, chart, render_tiers
+
+    settings = settings_or_exit()
+    fast = [*settings.tiers[Tier.FAST].endpoints]
+    result = bench_tiers(gateway, model, fast, levels, requests, max_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tiers-bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
+    (out / "tiers-bench.md").write_text(render_tiers(result, command))
+    chart(result, out / "tiers-bench.png")
+    typer.echo(render_tiers(result, command))

@@ -1,0 +1,83 @@
+"""What a job's run and a replay's run share around their sandbox: the watch for a cancel
+request, the artifacts, and how a verifier's exit and reward file are read."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from tiergate.queue.breaker import Verdict
+from tiergate.queue.store import JobStore, StorageError
+from tiergate.sandbox import Sandbox
+
+
+class CancelWatch:
+    """From :meth:`start` to :meth:`stop`, asks the store every ``interval`` seconds
+    whether the job's cancel was requested; when it was, sets :attr:`cancelled` and kills
+    the sandbox's command."""
+
+    def __init__(self, store: JobStore, job_id: str, sandbox: Sandbox, interval: float) -> None:
+        self._store, self._job_id, self._sandbox = store, job_id, sandbox
+        self._interval = interval
+        self.cancelled = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> CancelWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                if self._store.cancel_requested(self._job_id):
+                    self.cancelled.set()
+                    self._sandbox.kill()
+                    return
+            except StorageError:
+                continue
+
+
+def store_artifacts(
+    store: JobStore,
+    job_id: str,
+    sandbox: Sandbox,
+    trajectory: list[dict[str, Any]],
+    verifier_log: str | None,
+) -> None:
+    lines = "".join(json.dumps(entry, default=str) + "\n" for entry in trajectory)
+    store.put_artifact(job_id, "trajectory", lines.encode())
+    if verifier_log is not None:
+        store.put_artifact(job_id, "verifier_log", verifier_log.encode())
+    store.put_artifact(job_id, "workspace", sandbox.archive())
+
+
+def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[Verdict, str]:
+    """A verifier that ran and judged (any exit status below 126, a wrong answer included)
+    shows the environment works; 126 and up (not executable, not found, killed by a signal)
+    or a negative status (the sandbox itself killed) is a crash of the environment. A
+    timeout or a cancellation says nothing."""
+    if timed_out or cancelled:
+        return ("neutral", "")
+    if exit_code >= 126 or exit_code < 0:
+        return ("verifier", f"the verifier crashed (exit {exit_code})")
+    return ("ok", "")
+
+
+def read_reward(workspace: Path, name: str | None) -> float | None:
+    """The number at the start of the reward file ``name`` in ``workspace`` (None: no such
+    file inside it, or no number)."""
+    if not name:
+        return None
+    path = (workspace / name).resolve()
+    if not path.is_relative_to(workspace.resolve()) or not path.is_file():
+        return None
+    try:
+        return float(path.read_text().strip().split()[0])
+    except (ValueError, IndexError, OSError):
+        return None
