@@ -36,12 +36,14 @@ can touch it. What that guarantees, and what not:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,21 +277,21 @@ class Sandbox:
                     os.lchown(os.path.join(dirpath, name), uid, gid)
         started = time.monotonic()
         deadline = started + timeout
-        cpu_seconds = max(1, int(timeout * self._limits.cpus) + 1)
+        line = functools.partial(
+            command_argv,
+            workspace,
+            command,
+            self._limits,
+            self._settings,
+            cpu_seconds=max(1, int(timeout * self._limits.cpus) + 1),
+            as_root=self._as_root,
+            gated=False,
+            verifier=verifier,
+            root=self._root,
+        )
         if self._cgroup is not None:
             standby = self._take_standby()
-            argv = command_argv(
-                workspace,
-                command,
-                self._limits,
-                self._settings,
-                cpu_seconds=cpu_seconds,
-                as_root=self._as_root,
-                gated=False,
-                seccomp_fd=standby.seccomp_fd,
-                verifier=verifier,
-                root=self._root,
-            )
+            argv = line(seccomp_fd=standby.seccomp_fd)
             fd = os.open(self._script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as script:
                 script.write(standby_script(argv))
@@ -297,7 +299,7 @@ class Sandbox:
             with self._lock:
                 self._proc = proc
         else:
-            proc = self._spawn(workspace, command, cpu_seconds, verifier)
+            proc = self._spawn(line)
         if self.first_spawn is None:
             self.first_spawn = time.time()
         assert proc.stdout is not None
@@ -331,27 +333,14 @@ class Sandbox:
             seconds=time.monotonic() - started,
         )
 
-    def _spawn(
-        self, workspace: Path, command: str, cpu_seconds: int, verifier: bool
-    ) -> subprocess.Popen[bytes]:
-        """A command without a cgroup to move it into: spawned when it is run."""
+    def _spawn(self, line: Callable[..., list[str]]) -> subprocess.Popen[bytes]:
+        """A command without a cgroup to move it into: spawned when it is run; ``line``
+        makes its command line given the filter's descriptor."""
         filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
         try:
-            argv = command_argv(
-                workspace,
-                command,
-                self._limits,
-                self._settings,
-                cpu_seconds=cpu_seconds,
-                as_root=self._as_root,
-                gated=False,
-                seccomp_fd=filter_fd,
-                verifier=verifier,
-                root=self._root,
-            )
             with self._lock:
                 proc = self._proc = subprocess.Popen(
-                    argv,
+                    line(seccomp_fd=filter_fd),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
