@@ -1,5 +1,6 @@
-"""What a job's run and a replay's run share around their sandbox: the watch for a cancel
-request, the artifacts, and how a verifier's exit and reward file are read."""
+"""What a job's run and a replay's run share around their sandbox: the sandbox made at
+pickup, the watch for a cancel request, the artifacts, and how a verifier's exit and
+reward file are read."""
 
 from __future__ import annotations
 
@@ -9,8 +10,51 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.queue.breaker import Verdict
+from tiergate.queue.schema import JobLimits, JobMessage
 from tiergate.queue.store import JobStore, StorageError
-from tiergate.sandbox import Sandbox
+from tiergate.sandbox import Sandbox, SandboxError
+from tiergate.settings import SandboxSettings
+
+
+class EarlySandbox:
+    """The job's sandbox, made as it is picked up: its first command's process moves into
+    the job's cgroup (the kernel's slow part, see tiergate.sandbox.sandbox) while the
+    pickup's round trips to the store go on. Not for a replay (its sandbox is made from
+    the original's record) nor a re-sent message (the job may be running elsewhere in this
+    worker under the same name). One runner's, one job at a time: :meth:`make` at pickup,
+    :meth:`take` when the job runs, :meth:`drop` when the pickup ends (closes it unused)."""
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self._settings = settings
+        self._held: Sandbox | SandboxError | None = None
+
+    def make(self, message: JobMessage) -> None:
+        self.drop()
+        if message.replay_of or message.resent:
+            return
+        try:
+            self._held = Sandbox(message.id, message.spec.limits, self._settings)
+        except SandboxError as exc:
+            self._held = exc  # raised where the job's sandbox is needed, with its verdict
+
+    def take(self, job_id: str, limits: JobLimits, root: Path | None) -> Sandbox:
+        """The job's sandbox in ``root``: the one made at pickup, else a new one."""
+        held, self._held = self._held, None
+        if isinstance(held, SandboxError):
+            raise held
+        if held is None:
+            return Sandbox(job_id, limits, self._settings, root=root)
+        try:
+            held.use_root(root)
+        except SandboxError:
+            held.close()
+            raise
+        return held
+
+    def drop(self) -> None:
+        held, self._held = self._held, None
+        if isinstance(held, Sandbox):
+            held.close()
 
 
 class CancelWatch:

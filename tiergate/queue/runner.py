@@ -34,7 +34,13 @@ from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
-from tiergate.queue.jobsandbox import CancelWatch, read_reward, store_artifacts, verifier_verdict
+from tiergate.queue.jobsandbox import (
+    CancelWatch,
+    EarlySandbox,
+    read_reward,
+    store_artifacts,
+    verifier_verdict,
+)
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pickup import read_pickup
@@ -48,7 +54,7 @@ from tiergate.queue.replay import (
     prepare_workspace,
     read_trajectory,
 )
-from tiergate.queue.schema import Job, JobCreate, JobLimits, JobMessage, JobResult, JobStatus
+from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
@@ -100,7 +106,7 @@ class JobRunner:
         # process spawned (None: none ran) (tiergate bench sandbox).
         self.picked_up = 0.0
         self.first_spawn: float | None = None
-        self._early: Sandbox | SandboxError | None = None
+        self._early = EarlySandbox(settings.sandbox)
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
@@ -125,43 +131,11 @@ class JobRunner:
 
     def process(self, message: JobMessage) -> Outcome:
         self.picked_up, self.first_spawn = time.time(), None
-        self._early = self._early_sandbox(message)
+        self._early.make(message)
         try:
             return self._pickup(message)
         finally:
-            self._drop_early()
-
-    def _early_sandbox(self, message: JobMessage) -> Sandbox | SandboxError | None:
-        """The job's sandbox, made as it is picked up: its first command's process moves
-        into the job's cgroup (the kernel's slow part, tiergate.sandbox.sandbox) while the
-        pickup's round trips to the store go on. Not for a replay (its sandbox is made from
-        the original's record) nor a re-sent message (the job may be running elsewhere in
-        this worker under the same name). Unused, it is closed when ``process`` returns."""
-        if message.replay_of or message.resent:
-            return None
-        try:
-            return Sandbox(message.id, message.spec.limits, self._settings.sandbox)
-        except SandboxError as exc:
-            return exc  # raised where the job's sandbox is needed, with its verdict
-
-    def _drop_early(self) -> None:
-        early, self._early = self._early, None
-        if isinstance(early, Sandbox):
-            early.close()
-
-    def _sandbox_for(self, job: Job, limits: JobLimits, root: Path | None) -> Sandbox:
-        """The job's sandbox: the one made at pickup, else a new one; in ``root``."""
-        early, self._early = self._early, None
-        if isinstance(early, SandboxError):
-            raise early
-        if early is None:
-            return Sandbox(job.id, limits, self._settings.sandbox, root=root)
-        try:
-            early.use_root(root)
-        except SandboxError:
-            early.close()
-            raise
-        return early
+            self._early.drop()
 
     def _pickup(self, message: JobMessage) -> Outcome:
         environment = message.spec.environment
@@ -294,14 +268,14 @@ class JobRunner:
 
     def _run(self, job: Job, message: JobMessage, entry: Registered | None = None) -> Outcome:
         if job.replay_of or message.replay_of:
-            self._drop_early()  # a replay's sandbox has the same name: made afresh
+            self._early.drop()  # a replay's sandbox has the same name: made afresh
             return self._replay(job, message)
         spec = message.spec
         deadline = time.monotonic() + spec.limits.timeout_seconds
         disk = spec.limits.disk_mb * 1024 * 1024
         root = self._environment(spec.environment, entry)
         try:
-            sandbox = self._sandbox_for(job, spec.limits, root)
+            sandbox = self._early.take(job.id, spec.limits, root)
         except SandboxError as exc:
             self._verdict = ("sandbox_start", str(exc))
             raise
