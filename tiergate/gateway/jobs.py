@@ -146,6 +146,25 @@ class JobsAPI:
                 caller, AskedTier(tier, Reason.REQUESTED), Needs("/v1/chat/completions")
             )
 
+    async def _admit(self, caller: Caller) -> tuple[str, dict[str, str]]:
+        """A new job's id and rate-limit headers, once the submission is counted against
+        the key's requests per minute (429 when over) and its outstanding jobs are under
+        the cap (429 when at it): what create and replay both check."""
+        job_id = f"job_{uuid.uuid4().hex}"
+        headers = await self._gatekeeper.count_request(caller, job_id)
+        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
+            self._settings.max_outstanding_jobs
+        )
+        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
+            raise OpenAIError(
+                429,
+                f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
+                code="too_many_outstanding_jobs",
+                type_="rate_limit_error",
+                headers={"retry-after": "30", **headers},
+            )
+        return job_id, headers
+
     async def create(self, request: Request) -> Response:
         caller = self._caller(request)
         body = parse_body(await read_body(request, self._max_body_bytes))
@@ -162,19 +181,7 @@ class JobsAPI:
                 param="workspace.upload_id",
                 code="upload_not_found",
             )
-        job_id = f"job_{uuid.uuid4().hex}"
-        headers = await self._gatekeeper.count_request(caller, job_id)
-        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
-            self._settings.max_outstanding_jobs
-        )
-        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
-            raise OpenAIError(
-                429,
-                f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
-                code="too_many_outstanding_jobs",
-                type_="rate_limit_error",
-                headers={"retry-after": "30", **headers},
-            )
+        job_id, headers = await self._admit(caller)
         digest = None
         if idempotency := request.headers.get("idempotency-key"):
             digest = hashlib.sha256(f"{idempotency}\n{spec.model_dump_json()}".encode())
@@ -250,19 +257,7 @@ class JobsAPI:
                 param="job_id",
                 code="upload_not_found",
             )
-        replay_id = f"job_{uuid.uuid4().hex}"
-        headers = await self._gatekeeper.count_request(caller, replay_id)
-        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
-            self._settings.max_outstanding_jobs
-        )
-        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
-            raise OpenAIError(
-                429,
-                f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
-                code="too_many_outstanding_jobs",
-                type_="rate_limit_error",
-                headers={"retry-after": "30", **headers},
-            )
+        replay_id, headers = await self._admit(caller)
         job = self._jobs.new_job(replay_id, caller.name, spec)
         job.kind, job.replay_of = "replay", job_id
         try:

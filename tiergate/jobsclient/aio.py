@@ -3,33 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from httpx_sse import aconnect_sse
 
-from tiergate.jobsclient.base import (
-    Expired,
-    Follow,
-    Reconnect,
-    WorkspaceSource,
-    check,
-    idempotency_headers,
-    job_body,
-    options,
-    workspace_bytes,
-)
-from tiergate.jobsclient.errors import JobsConnectionError, JobsTimeout
+from tiergate.jobsclient import wire
+from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
 from tiergate.jobsclient.models import Job, JobEvent, JobList
 from tiergate.queue.schema import JobCreate
 
+T = TypeVar("T")
 EventCallback = Callable[[JobEvent], Awaitable[None] | None]
 
 
-class AsyncJobsClient:
+class AsyncJobsClient(wire.Client[httpx.AsyncClient]):
     """``/v1/jobs`` of a tiergate gateway, for asyncio; see :class:`JobsClient`.
 
     >>> async with AsyncJobsClient() as client:
@@ -37,26 +27,7 @@ class AsyncJobsClient:
     ...     final = await client.wait(job.id, timeout=600)
     """
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        *,
-        max_stream_retries: int = 8,
-        backoff_seconds: float = 0.5,
-        max_backoff_seconds: float = 8.0,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self._opts = options(
-            base_url, api_key, timeout, max_stream_retries, backoff_seconds, max_backoff_seconds
-        )
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
-        self._own_http = http_client is None
-
-    @property
-    def base_url(self) -> str:
-        return self._opts.base_url
+    _transport = httpx.AsyncClient
 
     async def aclose(self) -> None:
         if self._own_http:
@@ -73,49 +44,29 @@ class AsyncJobsClient:
     ) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**self._opts.headers, **kwargs.pop("headers", {})}
+    async def _call(self, call: wire.Call[T]) -> T:
         try:
-            response = await self._http.request(
-                method, self._opts.base_url + path, headers=headers, **kwargs
-            )
+            response = await self._http.request(**call.request(self._opts))
         except httpx.TransportError as exc:
-            raise JobsConnectionError(
-                f"{method} {self._opts.base_url}{path}: {type(exc).__name__}: {exc}"
-            ) from exc
-        return check(response)
+            raise call.unreachable(self._opts, exc) from exc
+        return call.answer(response)
 
     # -- the API ----------------------------------------------------------------------------
 
     async def submit(
         self, job: Mapping[str, Any] | JobCreate, idempotency_key: str | None = None
     ) -> Job:
-        response = await self._request(
-            "POST", "/v1/jobs", json=job_body(job), headers=idempotency_headers(idempotency_key)
-        )
-        return Job.model_validate_json(response.content)
+        return await self._call(wire.submit(job, idempotency_key))
 
     async def upload_workspace(self, source: WorkspaceSource) -> str:
         body = await asyncio.to_thread(workspace_bytes, source)
-        response = await self._request(
-            "POST",
-            "/v1/jobs/workspaces",
-            content=body,
-            headers={"content-type": "application/octet-stream"},
-        )
-        upload_id: str = response.json()["id"]
-        return upload_id
+        return await self._call(wire.upload(body))
 
     async def get(self, job_id: str) -> Job:
-        response = await self._request("GET", f"/v1/jobs/{job_id}")
-        return Job.model_validate_json(response.content)
+        return await self._call(wire.get(job_id))
 
     async def list(self, after: str | None = None, limit: int = 20) -> JobList:
-        params: dict[str, Any] = {"limit": limit}
-        if after:
-            params["after"] = after
-        response = await self._request("GET", "/v1/jobs", params=params)
-        return JobList.model_validate_json(response.content)
+        return await self._call(wire.list_jobs(after, limit))
 
     async def iter_jobs(self, page_size: int = 100) -> AsyncIterator[Job]:
         after = None
@@ -128,13 +79,11 @@ class AsyncJobsClient:
             after = page.last_id
 
     async def cancel(self, job_id: str) -> Job:
-        response = await self._request("POST", f"/v1/jobs/{job_id}/cancel")
-        return Job.model_validate_json(response.content)
+        return await self._call(wire.cancel(job_id))
 
     async def replay(self, job_id: str) -> Job:
         """Like :meth:`JobsClient.replay`."""
-        response = await self._request("POST", f"/v1/jobs/{job_id}/replay")
-        return Job.model_validate_json(response.content)
+        return await self._call(wire.replay(job_id))
 
     def events(self, job_id: str, starting_after: int = 0) -> AsyncIterator[JobEvent]:
         """``async for event in client.events(job_id)``: resumes after a dropped connection."""
@@ -148,41 +97,29 @@ class AsyncJobsClient:
     ) -> Job:
         """Like :meth:`JobsClient.wait`; ``on_event`` may be a function or a coroutine
         function."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        status: str | None = None
+        follow = wire.Wait(job_id, timeout, self._opts)
         try:
-            async for event in self._follow(Follow(job_id, 0, self._opts, deadline)):
-                status = event.status or status
+            async for event in self._follow(follow):
                 if on_event is not None:
                     called = on_event(event)
                     if called is not None:
                         await called
         except Expired:
-            raise JobsTimeout(job_id, timeout or 0.0, status) from None
+            raise follow.expired() from None
         return await self.get(job_id)
 
     async def _follow(self, follow: Follow) -> AsyncIterator[JobEvent]:
-        url = self._opts.base_url + follow.path
         while True:
             try:
-                async with aconnect_sse(
-                    self._http,
-                    "GET",
-                    url,
-                    params=follow.params(),
-                    headers=dict(self._opts.headers),
-                    timeout=follow.timeout(),
-                ) as source:
+                async with aconnect_sse(self._http, **wire.stream(self._opts, follow)) as source:
                     if source.response.status_code != 200:
                         await source.response.aread()
                         follow.opened(source.response)
                     async for sse in source.aiter_sse():
-                        event = follow.take(sse.data)
-                        if event is not None:
+                        for event in wire.take(follow, sse.data):
                             yield event
-                        if follow.done:
+                        if wire.over(follow):
                             return
-                        follow.remaining()
                 raise follow.ended()
             except (httpx.TransportError, Reconnect) as exc:
                 delay = follow.backoff(exc)
