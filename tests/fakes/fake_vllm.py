@@ -41,6 +41,8 @@ class FakeBehaviour:
     api_key: str | None = None
     # False: /openapi.json answers 404, so a gateway cannot learn which routes it serves.
     describes_routes: bool = True
+    # A Set-Cookie header on every answer (as a sticky load balancer in front of vLLM sets).
+    set_cookie: str | None = None
 
 
 @dataclass
@@ -94,8 +96,15 @@ class FakeVllm:
             time.sleep(0.02)
         return bool(predicate())
 
+    @web.middleware
+    async def _cookie(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if self.behaviour.set_cookie is not None and not response.prepared:
+            response.headers["set-cookie"] = self.behaviour.set_cookie
+        return response
+
     async def _start(self) -> None:
-        app = web.Application(middlewares=[_fastapi_not_found])
+        app = web.Application(middlewares=[_fastapi_not_found, self._cookie])
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)

@@ -49,6 +49,21 @@ def test_reused_request_id_does_not_slip_past_max_concurrent(fakes: list[FakeVll
     assert fakes[0].record.requests == 2
 
 
+def test_a_cookie_an_engine_sets_reaches_no_other_request(fakes: list[FakeVllm]) -> None:
+    """The gateway's one upstream client is shared by every caller: a cookie one answer
+    sets (a sticky load balancer's, an engine's) must not ride along on the next
+    caller's request, nor reach the caller."""
+    fakes[0].behaviour.set_cookie = "route=engine-a; Path=/"
+    # By name, as engines are found in a cluster (aiohttp keeps no cookie of a bare IP).
+    by_name = fakes[0].url.replace("127.0.0.1", "localhost")
+    with running_gateway(gateway_settings([by_name], [fakes[2].url])) as base:
+        answers = [httpx.post(f"{base}/v1/chat/completions", json=CHAT) for _ in range(3)]
+        assert all(r.status_code == 200 for r in answers)
+        assert all("set-cookie" not in r.headers for r in answers)
+    assert len(fakes[0].record.headers) == 3
+    assert all("cookie" not in h for h in fakes[0].record.headers)
+
+
 def test_same_client_id_reaches_vllm_as_distinct_ids(fakes: list[FakeVllm]) -> None:
     fakes[0].behaviour.chunk_delay = 0.5  # both are running on the engine at once
     with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:

@@ -106,10 +106,14 @@ def upstream_session() -> aiohttp.ClientSession:
     """The client for every upstream request: connections kept alive and reused (no limit
     on how many, 30 s idle), each with TCP_NODELAY (aiohttp sets it on every connection it
     opens), so that a request's last segment is never held back by Nagle waiting for a
-    delayed ACK."""
+    delayed ACK. No cookie jar: the session is every caller's, so a cookie one answer set
+    (a sticky load balancer's in front of the engines) must not ride on another caller's
+    request (aiohttp's default jar keeps cookies of named hosts and sends them on)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, keepalive_timeout=30)
     return aiohttp.ClientSession(
-        connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        json_serialize=lambda o: orjson.dumps(o).decode(),
     )
 
 
