@@ -35,6 +35,9 @@ def _breaker(action: str, name: str | None) -> None:
     except StorageError as exc:
         typer.echo(f"tiergate env breaker: {exc}", err=True)
         raise typer.Exit(1) from None
+    if not rows and action == "list":
+        # On stderr: stdout stays one JSON object a line (none) for scripts.
+        typer.echo("no breaker recorded: every environment's is closed", err=True)
     for row in rows:
         typer.echo(json.dumps(row, sort_keys=True))
 
@@ -104,6 +107,13 @@ def env_list() -> None:
     except StorageError as exc:
         typer.echo(f"tiergate env list: {exc}", err=True)
         raise typer.Exit(1) from None
+    if not rows:
+        # On stderr: stdout stays one JSON object a line (none) for scripts.
+        typer.echo(
+            "no environment is registered (tiergate env build FILE); jobs naming "
+            '"default" run in the worker\'s own system',
+            err=True,
+        )
     for row in rows:
         typer.echo(json.dumps(row, sort_keys=True))
 

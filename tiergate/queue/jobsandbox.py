@@ -20,9 +20,12 @@ class EarlySandbox:
     """The job's sandbox, made as it is picked up: its first command's process moves into
     the job's cgroup (the kernel's slow part, see tiergate.sandbox.sandbox) while the
     pickup's round trips to the store go on. Not for a replay (its sandbox is made from
-    the original's record) nor a re-sent message (the job may be running elsewhere in this
-    worker under the same name). One runner's, one job at a time: :meth:`make` at pickup,
-    :meth:`take` when the job runs, :meth:`drop` when the pickup ends (closes it unused)."""
+    the original's record), a re-sent message, nor a job whose sandbox directory exists:
+    another delivery of it may be running or ending in this worker (or in another sharing
+    the directory), and making a sandbox takes over its name; such a pickup makes its
+    sandbox only once the store says the job is to run, as every pickup did before. One
+    runner's, one job at a time: :meth:`make` at pickup, :meth:`take` when the job runs,
+    :meth:`drop` when the pickup ends (closes it unused)."""
 
     def __init__(self, settings: SandboxSettings) -> None:
         self._settings = settings
@@ -31,6 +34,8 @@ class EarlySandbox:
     def make(self, message: JobMessage) -> None:
         self.drop()
         if message.replay_of or message.resent:
+            return
+        if (Path(self._settings.work_dir) / message.id).exists():
             return
         try:
             self._held = Sandbox(message.id, message.spec.limits, self._settings)
