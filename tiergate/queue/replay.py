@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiergate.envs.registry import Registry
 from tiergate.queue.jobsandbox import read_reward
 from tiergate.queue.schema import (
     Job,
@@ -96,6 +97,55 @@ def read_trajectory(store: JobStore, job_id: str) -> list[dict[str, Any]] | None
     if raw is None:
         return None
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What a replay runs: the original as it ended, its spec, trajectory and verifier log,
+    the environment's name and the digest it ran in (None: the worker's own system)."""
+
+    original: Job
+    spec: JobCreate
+    recorded: list[dict[str, Any]]
+    verifier_log: str | None
+    environment: str
+    digest: str | None
+
+
+def plan_replay(
+    store: JobStore,
+    registry: Registry,
+    original_id: str,
+    owner: str,
+    spec: JobCreate,
+    served: str | None,
+) -> ReplayPlan:
+    """Read and check what a replay of ``original_id`` for ``owner`` runs (``spec``: the
+    replay's own, used when the original's is gone; ``served``: the environment this worker
+    serves, if it names one); :class:`ReplayRefused` says why it cannot run."""
+    original = store.final(original_id)
+    if original is None or original.owner != owner:
+        raise ReplayRefused("original_not_found", f"no finished job {original_id!r}")
+    if original.status not in REPLAYABLE or original.kind == "replay":
+        raise ReplayRefused(
+            "job_not_replayable", f"job {original_id} ended {original.status.value}"
+        )
+    recorded = read_trajectory(store, original_id)
+    if recorded is None:
+        raise ReplayRefused("job_not_replayable", f"job {original_id} recorded no trajectory")
+    spec = store.spec(original_id) or spec
+    environment = environment_of(original, spec)
+    digest = original.environment_digest
+    if digest is not None and not registry.has_blob(digest):
+        raise ReplayRefused(
+            "environment_not_found",
+            f"job {original_id} ran in environment digest {digest}, no longer stored",
+        )
+    check_environment(environment, served, digest, digest)
+    log = store.read_artifact(original_id, "verifier_log")
+    return ReplayPlan(
+        original, spec, recorded, None if log is None else log.decode(), environment, digest
+    )
 
 
 def prepare_workspace(

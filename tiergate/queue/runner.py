@@ -46,15 +46,13 @@ from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pickup import read_pickup
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.replay import (
-    REPLAYABLE,
     Replay,
+    ReplayPlan,
     ReplayRefused,
-    check_environment,
-    environment_of,
+    plan_replay,
     prepare_workspace,
-    read_trajectory,
 )
-from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
+from tiergate.queue.schema import Job, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
@@ -388,53 +386,28 @@ class JobRunner:
         assert original_id is not None
         job.kind, job.replay_of = "replay", original_id
         try:
-            original = self._store.final(original_id)
-            if original is None or original.owner != message.owner:
-                raise ReplayRefused("original_not_found", f"no finished job {original_id!r}")
-            if original.status not in REPLAYABLE or original.kind == "replay":
-                raise ReplayRefused(
-                    "job_not_replayable", f"job {original_id} ended {original.status.value}"
-                )
-            recorded = read_trajectory(self._store, original_id)
-            if recorded is None:
-                raise ReplayRefused(
-                    "job_not_replayable", f"job {original_id} recorded no trajectory"
-                )
-            spec = self._store.spec(original_id) or message.spec
-            environment = environment_of(original, spec)
-            digest = original.environment_digest
-            if digest is not None and not self._registry.has_blob(digest):
-                raise ReplayRefused(
-                    "environment_not_found",
-                    f"job {original_id} ran in environment digest {digest}, no longer stored",
-                )
-            check_environment(
-                environment, getattr(self._settings.worker, "environment", None), digest, digest
-            )
-            root = None if digest is None else self._fetch_environment(digest)
-            if digest is not None:
-                self._jobs.ran_in(job, digest)
-            log_raw = self._store.read_artifact(original_id, "verifier_log")
-            return self._run_replay(
-                job, message, original, spec, recorded, log_raw, environment, root
+            plan = plan_replay(
+                self._store,
+                self._registry,
+                original_id,
+                message.owner,
+                message.spec,
+                getattr(self._settings.worker, "environment", None),
             )
         except ReplayRefused as exc:
             self._end(
                 job, JobStatus.FAILED, exc.code, error={"code": exc.code, "message": str(exc)}
             )
             return "finished"
+        root = None if plan.digest is None else self._fetch_environment(plan.digest)
+        if plan.digest is not None:
+            self._jobs.ran_in(job, plan.digest)
+        return self._run_replay(job, message, plan, root)
 
     def _run_replay(
-        self,
-        job: Job,
-        message: JobMessage,
-        original: Job,
-        spec: JobCreate,
-        recorded: list[dict[str, Any]],
-        verifier_log: bytes | None,
-        environment: str,
-        root: Path | None = None,
+        self, job: Job, message: JobMessage, plan: ReplayPlan, root: Path | None
     ) -> Outcome:
+        spec = plan.spec
         disk = spec.limits.disk_mb * 1024 * 1024
         sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
         self._sandbox = sandbox
@@ -453,10 +426,10 @@ class JobRunner:
             run = Replay(
                 sandbox=sandbox,
                 spec=spec,
-                original=original,
-                recorded=recorded,
-                recorded_verifier_log=None if verifier_log is None else verifier_log.decode(),
-                environment=environment,
+                original=plan.original,
+                recorded=plan.recorded,
+                recorded_verifier_log=plan.verifier_log,
+                environment=plan.environment,
                 deadline=time.monotonic() + spec.limits.timeout_seconds,
                 disk=disk,
                 cancelled=cancelled.is_set,
