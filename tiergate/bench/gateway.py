@@ -47,6 +47,7 @@ from tiergate.bench.load import (
     wrk,
 )
 from tiergate.bench.ports import free_ports
+from tiergate.bench.report import write_report
 
 INSTALL_HINT = (
     "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
@@ -401,8 +402,5 @@ def run_gateway_benchmark(
         "disturbed_runs": _disturbed(runs),
         "runs": runs,
     }
-    (out / "gateway-bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    markdown = render_markdown(report)
-    (out / "gateway-bench.md").write_text(markdown)
-    print(markdown)
+    write_report(out, "gateway-bench", report, render_markdown(report))
     return report

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.bench.ports import free_ports
+from tiergate.bench.report import write_report
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.auth import new_key
 from tiergate.gateway.gatekeeper import Gatekeeper
@@ -124,11 +125,7 @@ def run_limits_benchmark(out: Path, requests: int) -> dict[str, Any]:
             "p99_us": sorted(raw["redis_ping"])[int(0.99 * requests)],
         },
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "limits-bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    md = render(report)
-    (out / "limits-bench.md").write_text(md)
-    print(md)
+    write_report(out, "limits-bench", report, render(report))
     return report
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from tiergate.bench.gateway import cpu_model
+from tiergate.bench.report import write_report
 from tiergate.envs.build import build
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registry
@@ -203,11 +204,7 @@ def run_sandbox_benchmark(
     finally:
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sandbox-bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    md = render(report)
-    (out / "sandbox-bench.md").write_text(md)
-    print(md)
+    write_report(out, "sandbox-bench", report, render(report))
     return report
 
 

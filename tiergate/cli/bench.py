@@ -70,16 +70,13 @@ def bench_tiers_cmd(
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
 ) -> None:
     """Both tiers through the gateway at several concurrencies; Markdown, JSON and PNG."""
-    import json
 
+    from tiergate.bench.report import write_report
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
 
     settings = settings_or_exit()
     fast = [*settings.tiers[Tier.FAST].endpoints]
     result = bench_tiers(gateway, model, fast, levels, requests, max_tokens)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tiers-bench.json").write_text(json.dumps(result, indent=2) + "\n")
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
-    (out / "tiers-bench.md").write_text(render_tiers(result, command))
+    write_report(out, "tiers-bench", result, render_tiers(result, command))
     chart(result, out / "tiers-bench.png")
-    typer.echo(render_tiers(result, command))

@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
 from tiergate.envs.build import Built
-from tiergate.queue.store import JobStore, StorageError, _missing
+from tiergate.queue.store import JobStore, StorageError
 
 _TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20)
 
@@ -45,18 +45,7 @@ class Registry:
         return f"{self._root}names/{name}.json"
 
     def has_blob(self, digest: str) -> bool:
-        store = self._store
-
-        def head() -> bool:
-            try:
-                store._s3.head_object(Bucket=store._bucket, Key=self.blob_key(digest))
-            except ClientError as exc:
-                if _missing(exc):
-                    return False
-                raise
-            return True
-
-        return store._call("read", head)
+        return self._store.exists(self.blob_key(digest))
 
     def register(self, built: Built) -> Registered:
         """Upload the blob (unless that digest is stored already) and point the name at it."""

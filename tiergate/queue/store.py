@@ -144,6 +144,20 @@ class JobStore:
 
         return self._call("read", get)
 
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is stored (a HEAD: nothing is read)."""
+
+        def head() -> bool:
+            try:
+                self._s3.head_object(Bucket=self._bucket, Key=key)
+            except ClientError as exc:
+                if _missing(exc):
+                    return False
+                raise
+            return True
+
+        return self._call("read", head)
+
     def _delete(self, key: str) -> None:
         self._call("delete", lambda: self._s3.delete_object(Bucket=self._bucket, Key=key))
 
