@@ -190,10 +190,11 @@ class Sandbox:
         return _Standby(proc, filter_fd)
 
     def _take_standby(self) -> _Standby:
-        made = self._standby
-        if made is None:
-            raise SandboxError("the sandbox is closed")
-        self._standby = None
+        made, self._standby = self._standby, None
+        if made is None:  # closed, or the last one failed to start: one now, or the error
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            return self._spawn_standby()
         try:
             return made.result(timeout=60)
         except TimeoutError as exc:
