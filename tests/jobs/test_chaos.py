@@ -40,7 +40,7 @@ def test_no_job_is_lost_while_workers_are_killed(
 ) -> None:
     store_server, broker_server = pipeline
     broker, s3 = broker_server.address, store_server.url
-    model.behaviour.replies = ["```bash\necho working > out.txt && sleep 0.3\n```"]
+    model.behaviour.replies = ["```bash\necho working > out.txt && sleep 1\n```"]
     spec = {
         "model": MODEL,
         "instruction": "work",
@@ -69,7 +69,9 @@ def test_no_job_is_lost_while_workers_are_killed(
                     finished = [store.final(job_id) for job_id in ids]
                     # Finished means the terminal record and its event: a worker killed
                     # between the two leaves the event to the job's next delivery.
-                    if all(finished) and all(_terminal_events(store, f) for f in finished if f):
+                    # The restarts are part of the test: it does not end before both.
+                    done = all(finished) and all(_terminal_events(store, f) for f in finished if f)
+                    if done and len(restarts) == 2:
                         break
                 except StorageError:
                     finished = []  # the object store is restarting
@@ -77,10 +79,13 @@ def test_no_job_is_lost_while_workers_are_killed(
                 assert time.monotonic() < deadline, (
                     f"{sum(1 for f in finished if not f)} jobs unfinished; see {log}"
                 )
-                if kills == 4 and "broker" not in restarts:
+                # Early (about 8 s and 12 s in), while most of the 50 one-second jobs are
+                # still queued or running on any machine: a later restart could come after
+                # the last job on a fast one (it did at kill 8, in CI).
+                if kills == 1 and "broker" not in restarts:
                     broker_server.restart()
                     restarts.append("broker")
-                elif kills == 8 and "store" not in restarts:
+                elif kills == 2 and "store" not in restarts:
                     store_server.restart()
                     restarts.append("store")
                 if kills < 12:

@@ -33,6 +33,13 @@ from typing import Self
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tiergate", "AWS_SECRET_ACCESS_KEY": "tiergate"}
 BROKER_BUCKET = "tiergate-broker"
 _WEED_PORTS = ("s3", "master", "volume", "filer")
+# Volumes the local SeaweedFS may make. Each bucket is a collection with a volume of its
+# own; left to itself, `weed mini` allows one volume per GiB of free disk ("Volume Count: 46"
+# with 46.8 GiB free), so the 47th bucket's first write failed ("No writable volumes and no
+# free volumes left", an InternalError on PutObject): the test suite, one bucket per job
+# stack, ran out in CI. Volumes are sparse files (about 300 bytes while empty), so a fixed
+# count costs nothing until written; a full disk still refuses writes, as it would anyway.
+_WEED_VOLUMES = 2000
 
 
 class ServerFailed(RuntimeError):
@@ -190,6 +197,7 @@ def object_store(data_dir: Path, log: Path, s3_port: int | None = None) -> Objec
         f"-master.port={ports['master']}",
         f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}",
+        f"-volume.max={_WEED_VOLUMES}",
     ]
     return ObjectStore("object store (SeaweedFS)", argv, ports["s3"], log, dict(LOCAL_CREDENTIALS))
 
