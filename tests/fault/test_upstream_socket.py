@@ -1,47 +1,207 @@
-"""The gateway's upstream connections: reused across requests, with TCP_NODELAY."""
+"""The proxied requests' HTTP client (tiergate.gateway.upstreamhttp): connections reused
+and sent without delay against a fake vLLM, and, against raw fake servers written here for
+fault injection, what it does when a server closes, cuts, stalls or streams."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from types import SimpleNamespace
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
-import aiohttp
+import orjson
+import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tiergate.gateway.app import upstream_session
+from tiergate.gateway.upstreamhttp import (
+    Origin,
+    UpstreamClient,
+    UpstreamDisconnected,
+)
 
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+CHAT = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+JSON = {"content-type": "application/json"}
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[tuple[Origin, list[int]]]:
+    """A fake HTTP server on loopback whose every connection runs ``handler``; yields its
+    origin and a list that counts the connections it accepted."""
+    accepted: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield Origin.parse(f"http://127.0.0.1:{port}"), accepted
+    finally:
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head + await reader.readexactly(length)
+
+
+def answer(body: bytes, *extra: bytes) -> bytes:
+    head = [b"HTTP/1.1 200 OK", b"content-type: application/json", *extra]
+    head.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+async def post(client: UpstreamClient, origin: Origin, timeout: float = 5.0) -> bytes:
+    resp = await client.post(
+        origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=timeout
+    )
+    assert resp.status == 200
+    return await resp.read()
 
 
 async def test_upstream_connection_is_reused_and_sent_without_delay(
     fakes: list[FakeVllm],
 ) -> None:
-    session = upstream_session()
-    created: list[int] = []
-    reused: list[int] = []
-
-    async def on_create(s: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-        created.append(1)
-
-    async def on_reuse(s: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-        reused.append(1)
-
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(on_create)
-    trace.on_connection_reuseconn.append(on_reuse)
-    trace.freeze()
-    session._trace_configs.append(trace)
+    client = UpstreamClient()
+    origin = Origin.parse(fakes[0].url)
+    seen = []
     try:
         for _ in range(5):
-            async with session.post(f"{fakes[0].url}/v1/chat/completions", json=CHAT) as resp:
-                assert resp.status == 200
-                await resp.read()
-        # The idle connection back in the pool (aiohttp keeps no public handle on it).
-        pooled = [proto for conns in session.connector._conns.values() for proto, _ in conns]  # type: ignore[union-attr]
-        assert len(pooled) == 1
-        sock: socket.socket = pooled[0].transport.get_extra_info("socket")
+            body = orjson.loads(await post(client, origin))
+            assert body["choices"][0]["message"]["content"]
+            idle = client.idle_connections(origin)
+            assert len(idle) == 1
+            seen.append(idle[0])
+        assert all(conn is seen[0] for conn in seen), "requests did not share one connection"
+        assert seen[0].transport is not None
+        sock: socket.socket = seen[0].transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
-        await session.close()
-    assert (len(created), len(reused)) == (1, 4), "requests did not share one connection"
+        client.close()
+    assert client.idle_connections(origin) == []
+
+
+async def test_a_connection_closed_after_its_answer_is_not_used_again() -> None:
+    """A server that closes every connection after one answer (as vLLM's uvicorn does to
+    idle ones): each request still gets its answer, and each request reaches the server
+    exactly once, whether the client saw the close before sending or only after."""
+    requests: list[bytes] = []
+
+    async def one_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await read_request(reader))
+        writer.write(answer(b'{"n": %d}' % len(requests)))
+        await writer.drain()
+
+    async with raw_server(one_answer) as (origin, accepted):
+        client = UpstreamClient()
+        try:
+            answers = [orjson.loads(await post(client, origin))["n"] for _ in range(4)]
+        finally:
+            client.close()
+    assert answers == [1, 2, 3, 4]
+    assert len(requests) == 4 and len(accepted) == 4
+
+
+async def test_connection_close_is_honoured() -> None:
+    async def close_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}", b"connection: close"))
+        await writer.drain()
+        await asyncio.sleep(0.5)  # keeps the socket open: only the header says "close"
+
+    async with raw_server(close_after) as (origin, accepted):
+        client = UpstreamClient()
+        try:
+            await post(client, origin)
+            assert client.idle_connections(origin) == []
+            await post(client, origin)
+        finally:
+            client.close()
+    assert len(accepted) == 2
+
+
+async def test_an_answer_cut_mid_body_is_an_error_and_not_reused() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)
+        await writer.drain()
+
+    async with raw_server(cut) as (origin, _):
+        client = UpstreamClient()
+        try:
+            resp = await client.post(
+                origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=5
+            )
+            with pytest.raises(UpstreamDisconnected):
+                await resp.read()
+            resp.close()
+            assert client.idle_connections(origin) == []
+        finally:
+            client.close()
+
+
+async def test_a_server_that_never_answers_times_out_and_is_disconnected() -> None:
+    gone = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # returns at the client's close
+        gone.set()
+
+    async with raw_server(silent) as (origin, _):
+        client = UpstreamClient()
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await post(client, origin, timeout=0.3)
+            assert time.monotonic() - started < 3
+            # The connection is cut, which is what makes vLLM abort the request.
+            await asyncio.wait_for(gone.wait(), 5)
+        finally:
+            client.close()
+
+
+async def test_a_stream_is_read_as_it_arrives() -> None:
+    read_first = asyncio.Event()
+
+    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n7\r\ndata: 1\r\n"
+        )
+        await writer.drain()
+        await asyncio.wait_for(read_first.wait(), 5)  # the second part waits for the first
+        writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    async with raw_server(chunked) as (origin, accepted):
+        client = UpstreamClient()
+        try:
+            resp = await client.post(
+                origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=5
+            )
+            assert resp.headers["content-type"] == "text/event-stream"
+            assert await resp.content.readany() == b"data: 1"
+            read_first.set()
+            rest = b""
+            while chunk := await resp.content.readany():
+                rest += chunk
+            assert rest == b"data: 2"
+            # Read to its end, the connection is kept for the next request.
+            assert len(client.idle_connections(origin)) == 1
+        finally:
+            client.close()
+    assert len(accepted) == 1

@@ -26,6 +26,7 @@ def test_defaults_keep_todays_behaviour() -> None:
         "timeout_keep_alive": 5.0,
         "log_config": None,
         "access_log": False,
+        "proxy_headers": False,
     }
     assert gateway.body_read_timeout_seconds == 30.0
 

@@ -9,7 +9,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -42,6 +41,7 @@ from tiergate.gateway.streaming import (
     relay_events,
 )
 from tiergate.gateway.upstream import Opened, UpstreamCaller
+from tiergate.gateway.upstreamhttp import UpstreamClient
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
@@ -70,7 +70,7 @@ class CompletionsProxy:
         self,
         settings: Settings,
         pools: dict[Tier, TierPool],
-        session: aiohttp.ClientSession,
+        upstream: UpstreamClient,
         metrics: GatewayMetrics,
         gatekeeper: Gatekeeper,
         access_log: AccessLog | None,
@@ -81,7 +81,7 @@ class CompletionsProxy:
         self._pools = pools
         self._metrics = metrics
         self._ids = RequestIds()
-        self._caller = UpstreamCaller(pools, session, settings.timeouts, settings.policy, metrics)
+        self._caller = UpstreamCaller(pools, upstream, settings.timeouts, settings.policy, metrics)
 
     def _serves(self, model: str) -> bool:
         return any(model in pool.model_names for pool in self._pools.values())
@@ -187,7 +187,7 @@ class CompletionsProxy:
             self._metrics.client_disconnects.labels(tier.value).inc()
             self._finish(fields, timing, path, tier, req.model, 499, overhead=None)
             return Response(status_code=499)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except OSError as exc:  # TimeoutError too
             opened.release()
             opened.endpoint.record_failure()
             err = OpenAIError(
@@ -312,7 +312,7 @@ class CompletionsProxy:
     ) -> Response:
         try:
             raw = await opened.response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except OSError:  # TimeoutError too
             raw = b""
         finally:
             opened.release()

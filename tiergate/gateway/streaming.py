@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -183,7 +182,7 @@ async def relay_events(
             yield rewrite.error_event(
                 "The upstream ended the stream before it was complete.", "upstream_stream_broken"
             )
-    except (aiohttp.ClientError, OSError) as exc:
+    except OSError as exc:
         outcome.error = "upstream_broken"
         opened.endpoint.record_failure()
         yield rewrite.error_event(

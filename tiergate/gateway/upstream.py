@@ -11,15 +11,13 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import aiohttp
-from yarl import URL
-
 from tiergate.backends.endpoint import Endpoint
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.policy import TierDecision
 from tiergate.gateway.selection import InspectedRequest
+from tiergate.gateway.upstreamhttp import Origin, UpstreamClient, UpstreamResponse
 from tiergate.settings import PolicySettings, TimeoutSettings
 from tiergate.tiers import Tier
 
@@ -32,7 +30,7 @@ RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 class Opened:
     """An upstream response whose status line and headers have arrived."""
 
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
     endpoint: Endpoint
     tier: Tier
     fallback: bool
@@ -53,23 +51,20 @@ class UpstreamCaller:
     def __init__(
         self,
         pools: dict[Tier, TierPool],
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         timeouts: TimeoutSettings,
         policy: PolicySettings,
         metrics: GatewayMetrics,
     ) -> None:
         self._pools = pools
-        self._session = session
-        # Parsed once per endpoint and path rather than on every request.
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._client = client
+        # Parsed once per endpoint rather than on every request.
+        self._origins: dict[str, Origin] = {}
         self._policy = policy
         self._metrics = metrics
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=timeouts.connect_seconds,
-            sock_connect=timeouts.connect_seconds,
-            sock_read=timeouts.first_byte_seconds,
-        )
+        self._connect_timeout = timeouts.connect_seconds
+        # Each wait for the server, the first byte's included (aiohttp's sock_read).
+        self._read_timeout = timeouts.first_byte_seconds
 
     async def open(
         self,
@@ -109,7 +104,7 @@ class UpstreamCaller:
                 outcome = await self._attempt(
                     ep, path, body, {**headers, **self._pools[tier].auth_headers}
                 )
-                if isinstance(outcome, aiohttp.ClientResponse):
+                if isinstance(outcome, UpstreamResponse):
                     return Opened(outcome, ep, tier, index > 0, attempts)
                 last_error = outcome
         if last_error is not None:
@@ -124,15 +119,22 @@ class UpstreamCaller:
 
     async def _attempt(
         self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str]
-    ) -> aiohttp.ClientResponse | OpenAIError:
+    ) -> UpstreamResponse | OpenAIError:
         ep.in_flight += 1
         try:
-            url = self._urls.get((ep.url, path))
-            if url is None:
-                if len(self._urls) > 4096:  # endpoints come and go with DNS
-                    self._urls.clear()
-                url = self._urls[(ep.url, path)] = URL(ep.url + path)
-            resp = await self._session.post(url, data=body, headers=headers, timeout=self._timeout)
+            origin = self._origins.get(ep.url)
+            if origin is None:
+                if len(self._origins) > 4096:  # endpoints come and go with DNS
+                    self._origins.clear()
+                origin = self._origins[ep.url] = Origin.parse(ep.url)
+            resp = await self._client.post(
+                origin,
+                path,
+                body,
+                headers,
+                connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout,
+            )
         except asyncio.CancelledError:
             ep.in_flight -= 1
             raise
@@ -142,7 +144,7 @@ class UpstreamCaller:
             return OpenAIError(
                 504, f"The {ep.tier.value} tier did not answer in time.", code="upstream_timeout"
             )
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
             ep.in_flight -= 1
             self._failed(ep)
             return OpenAIError(
@@ -165,7 +167,7 @@ class UpstreamCaller:
         if resp.status in RETRYABLE_STATUS:
             try:
                 raw = await resp.read()
-            except (aiohttp.ClientError, TimeoutError, OSError):
+            except OSError:  # TimeoutError too
                 raw = b""
             finally:
                 ep.in_flight -= 1
