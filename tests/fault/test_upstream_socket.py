@@ -62,9 +62,9 @@ def answer(body: bytes, *extra: bytes) -> bytes:
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-async def post(client: UpstreamClient, origin: Origin, timeout: float = 5.0) -> bytes:
+async def post(client: UpstreamClient, origin: Origin, read_timeout: float = 5.0) -> bytes:
     resp = await client.post(
-        origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=timeout
+        origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=read_timeout
     )
     assert resp.status == 200
     return await resp.read()
@@ -164,7 +164,7 @@ async def test_a_server_that_never_answers_times_out_and_is_disconnected() -> No
         try:
             started = time.monotonic()
             with pytest.raises(TimeoutError):
-                await post(client, origin, timeout=0.3)
+                await post(client, origin, read_timeout=0.3)
             assert time.monotonic() - started < 3
             # The connection is cut, which is what makes vLLM abort the request.
             await asyncio.wait_for(gone.wait(), 5)
