@@ -205,3 +205,35 @@ async def test_a_stream_is_read_as_it_arrives() -> None:
         finally:
             client.close()
     assert len(accepted) == 1
+
+
+async def test_bytes_nobody_asked_for_drop_the_connection() -> None:
+    """An answer followed by a second one (in the same write, then later on the idle
+    connection): the first is the request's answer; the connection is not used again, so
+    the next request cannot take the stray bytes for its own answer."""
+
+    async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b'{"n": 1}') + answer(b'{"n": "stray"}'))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    async def stray_later(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b'{"n": 1}'))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(answer(b'{"n": "stray"}'))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    for handler in (chatty, stray_later):
+        async with raw_server(handler) as (origin, accepted):
+            client = UpstreamClient()
+            try:
+                assert orjson.loads(await post(client, origin)) == {"n": 1}
+                await asyncio.sleep(0.3)
+                assert orjson.loads(await post(client, origin)) == {"n": 1}
+            finally:
+                client.close()
+        assert len(accepted) == 2, handler.__name__

@@ -77,6 +77,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
+        self.in_use = False
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
@@ -106,6 +107,11 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if not self.in_use:
+            # Bytes with no request out (after a complete answer, or on an idle connection)
+            # would be read as the next request's answer: the connection is dropped.
+            self.abort()
+            return
         self.got_bytes = True
         try:
             self._parser.feed_data(data)
@@ -128,6 +134,12 @@ class _Connection(asyncio.Protocol):
         self._fail(UpstreamDisconnected(f"the server closed the connection{reason}"))
 
     # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second answer in the same bytes as the first: not for any request of ours
+            # (raising here stops the parser; data_received drops the connection).
+            raise UpstreamProtocolError("an answer nobody asked for")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.decode("latin-1").lower()
@@ -154,6 +166,7 @@ class _Connection(asyncio.Protocol):
         # Asked here: once this callback returns, the parser says False whatever was sent.
         self.keep_alive = self._parser.should_keep_alive()
         self.complete = True
+        self.in_use = False
         self._wake()
 
     # -- the reading side ---------------------------------------------------------------------
@@ -308,6 +321,7 @@ class UpstreamClient:
                 conn = await self._connect(origin, connect_timeout)
             try:
                 assert conn.transport is not None
+                conn.in_use = True
                 conn.transport.write(message)
                 while not conn.headers_done:
                     if conn.error is not None:
