@@ -194,10 +194,10 @@ async def test_a_stream_is_read_as_it_arrives() -> None:
                 origin, "/v1/chat/completions", CHAT, JSON, connect_timeout=5, read_timeout=5
             )
             assert resp.headers["content-type"] == "text/event-stream"
-            assert await resp.content.readany() == b"data: 1"
+            assert await resp.readany() == b"data: 1"
             read_first.set()
             rest = b""
-            while chunk := await resp.content.readany():
+            while chunk := await resp.readany():
                 rest += chunk
             assert rest == b"data: 2"
             # Read to its end, the connection is kept for the next request.

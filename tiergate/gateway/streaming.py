@@ -149,7 +149,7 @@ async def relay_events(
 ) -> AsyncIterator[bytes]:
     """Yield the client's bytes as upstream bytes arrive; always end the stream properly."""
     buffer = b""
-    reader = opened.response.content
+    reader = opened.response
     try:
         while True:
             try:

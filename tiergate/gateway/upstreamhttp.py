@@ -236,11 +236,6 @@ class UpstreamResponse:
         self.status = conn.status
         self.headers = conn.headers
 
-    @property
-    def content(self) -> UpstreamResponse:
-        """The body as a stream (``await response.content.readany()``)."""
-        return self
-
     async def readany(self) -> bytes:
         """The body bytes that have arrived, waiting for some; ``b""`` at its end."""
         conn = self._conn
@@ -313,8 +308,8 @@ class UpstreamClient:
         head.append(b"\r\ncontent-length: %d\r\n" % len(body))
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        head.append(b"\r\n")
-        message = b"".join(head) + body
+        head += (b"\r\n", body)
+        message = b"".join(head)  # head and body in one buffer, copied once
         while True:
             conn = self._take(origin)
             if conn is None:
