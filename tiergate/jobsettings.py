@@ -70,6 +70,10 @@ class SandboxSettings(_Section):
     # the worker's user must be able to write it, the sandbox's user to traverse it.
     cache_dir: str = "/var/lib/tiergate/cache"
     output_limit_chars: int = Field(2000, ge=100)
+    # Members a workspace archive may have when a worker unpacks it (refused over it, with
+    # the job's disk_mb as the cap on its unpacked size): the worker's own check, whatever
+    # the store holds (the gateway checks jobs.max_upload_members when it is uploaded).
+    max_upload_members: int = Field(20_000, ge=1)
     # When the worker runs as root, sandboxed commands run as this unprivileged user.
     uid: int = 65534
     gid: int = 65534

@@ -5,6 +5,7 @@ reward file are read."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,10 @@ from tiergate.queue.schema import JobLimits, JobMessage
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings
+
+log = logging.getLogger("tiergate.worker")
+# The most of a reward file that is read: a number, and room for a line of text after it.
+REWARD_MAX_BYTES = 64 * 1024
 
 
 class EarlySandbox:
@@ -103,7 +108,13 @@ def store_artifacts(
     store.put_artifact(job_id, "trajectory", lines.encode())
     if verifier_log is not None:
         store.put_artifact(job_id, "verifier_log", verifier_log.encode())
-    store.put_artifact(job_id, "workspace", sandbox.archive())
+    # Written to a file beside the workspace and streamed up from it: a job may fill its
+    # whole disk_mb, which the worker's memory is not sized for.
+    archive = sandbox.archive()
+    try:
+        store.put_artifact_file(job_id, "workspace", archive)
+    finally:
+        archive.unlink(missing_ok=True)
 
 
 def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[Verdict, str]:
@@ -120,13 +131,24 @@ def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[
 
 def read_reward(workspace: Path, name: str | None) -> float | None:
     """The number at the start of the reward file ``name`` in ``workspace`` (None: no such
-    file inside it, or no number)."""
+    file inside it, no number, or a file over :data:`REWARD_MAX_BYTES`, which is never
+    read whole: the verifier may write one as large as the job's disk limit)."""
     if not name:
         return None
     path = (workspace / name).resolve()
     if not path.is_relative_to(workspace.resolve()) or not path.is_file():
         return None
     try:
-        return float(path.read_text().strip().split()[0])
-    except (ValueError, IndexError, OSError):
+        with path.open("rb") as reward:
+            raw = reward.read(REWARD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > REWARD_MAX_BYTES:
+        log.warning(
+            "the reward file %r is over %d bytes: read as no reward", name[:200], REWARD_MAX_BYTES
+        )
+        return None
+    try:
+        return float(raw.decode().strip().split()[0])
+    except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
         return None

@@ -31,9 +31,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -49,6 +52,11 @@ ARTIFACTS = {
     "result": "result.json",
 }
 _INVERT = 10**15
+# Artifact files go up in parts of 8 MiB, two at a time: ``upload_file`` reads each part
+# from the file as it is sent, so what a worker holds does not grow with the artifact.
+_PARTS = TransferConfig(
+    multipart_threshold=8 * 1024 * 1024, multipart_chunksize=8 * 1024 * 1024, max_concurrency=2
+)
 _T = TypeVar("_T")
 
 
@@ -375,6 +383,25 @@ class JobStore:
 
     def put_artifact(self, job_id: str, name: str, body: bytes) -> None:
         self._put(self._key(job_id, ARTIFACTS[name]), body)
+
+    def put_artifact_file(self, job_id: str, name: str, path: Path) -> None:
+        """Store an artifact from a file on disk (the workspace's archive, up to the job's
+        disk limit), streamed: multipart above 8 MiB, never whole in memory."""
+        key = self._key(job_id, ARTIFACTS[name])
+
+        def put() -> None:
+            try:
+                self._s3.upload_file(str(path), self._bucket, key, Config=_PARTS)
+            except S3UploadFailedError as exc:
+                # boto3 wraps the ClientError: unwrapped, a vanished bucket is made again
+                # and the write retried, and the error is a StorageError as any other.
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, ClientError | BotoCoreError):
+                    raise cause from None
+                log.warning("object storage: an artifact upload failed: %s", exc)
+                raise StorageError("object storage refused a write") from exc
+
+        self._call("write", put)
 
     def read_artifact(self, job_id: str, name: str) -> bytes | None:
         """A job's artifact (one of :data:`ARTIFACTS`), or None when it was never stored."""

@@ -1,23 +1,35 @@
 """The workspace's files: what goes in (inline files, a tar archive), what comes out, and
 its size. Whatever a job's spec or archive gets wrong is a :class:`SandboxError` (the job
 fails with a reason), never an ``OSError`` or a ``tarfile`` error from deep inside.
+
+Neither way holds a workspace in the worker's memory: an archive is unpacked by a child
+process under rlimits, as the job's user (:func:`extract`), and the artifact is written to
+a file, a block at a time (:func:`archive`), which the store uploads in parts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import lzma
+import functools
 import os
-import posixpath
 import shutil
+import subprocess
+import sys
 import tarfile
-import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
+from tiergate.sandbox import unpack
 from tiergate.sandbox.errors import SandboxError
 
-_BAD_ARCHIVE = (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError)
+_MiB = 1024 * 1024
+# The unpacking child's limits: its address space (Python, tarfile's buffers, a
+# decompressor's window; an xz archive asking for more fails as an archive that cannot be
+# unpacked) and its time, CPU and wall clock alike.
+UNPACK_MEMORY_BYTES = 512 * _MiB
+UNPACK_SECONDS = 300
+_UNPACK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
 
 
 def write_files(workspace: Path, files: dict[str, str]) -> None:
@@ -36,47 +48,112 @@ def write_files(workspace: Path, files: dict[str, str]) -> None:
             raise SandboxError(f"cannot write {rel!r} in the workspace: {exc}") from exc
 
 
-def extract(workspace: Path, archive: bytes, max_bytes: int) -> None:
-    """Unpack a tar archive (any compression) after checking its unpacked size.
-
-    The check reads only headers, so an archive that would fill the disk is refused before
-    a byte is written; ``filter="data"`` refuses links and paths out of the workspace.
+def extract(
+    workspace: Path,
+    source: BinaryIO,
+    max_bytes: int,
+    max_members: int,
+    run_as: tuple[int, int] | None,
+) -> None:
+    """Unpack the tar archive (any compression) in ``source``, an open regular file (the
+    child reads it twice), into ``workspace``, in a child process
+    (:mod:`tiergate.sandbox.unpack`): refused over ``max_members`` members or ``max_bytes``
+    unpacked (checked from the headers alone, before a byte is written), and with any
+    member ``filter="data"`` refuses (absolute paths, ``..``, links out of the workspace,
+    devices). ``run_as``: (uid, gid) the child drops to (a root worker's sandbox user, who
+    must be able to write ``workspace``); None: it runs as the worker's own (unprivileged)
+    user. Either way under rlimits: the worker spends no memory on a tenant's archive and
+    writes nothing of it with its own rights.
     """
+    argv = unpack_argv(workspace, max_bytes, max_members, run_as)
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            total = 0
-            for member in tar:
-                total += member.size if member.isreg() else 0
-                if total > max_bytes:
-                    raise SandboxError(
-                        f"the workspace archive unpacks to more than {max_bytes} bytes "
-                        "(the job's disk limit)"
-                    )
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(workspace, filter="data")
-            else:
-                # Pythons before 3.11.4 (Debian 12's 3.11.2, which an unprivileged worker
-                # may run) have no extraction filters: refuse what "data" would refuse.
-                tar.extractall(workspace, members=[_safe(m) for m in tar.getmembers()])
-    except _BAD_ARCHIVE as exc:
-        raise SandboxError(f"the workspace archive cannot be unpacked: {exc}") from exc
+        done = subprocess.run(
+            argv,
+            stdin=source,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=_UNPACK_ENV,  # nothing of the worker's: the child runs as the job's user
+            cwd="/",
+            timeout=UNPACK_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SandboxError(
+            f"the workspace archive was not unpacked within {UNPACK_SECONDS} s"
+        ) from exc
+    except OSError as exc:
+        raise SandboxError(f"cannot start unpacking the workspace archive: {exc}") from exc
+    if done.returncode == 0:
+        return
+    reason = done.stderr.decode(errors="replace").strip()[-1000:]
+    if done.returncode == unpack.REFUSED and reason:
+        raise SandboxError(reason)
+    ended = f"killed by signal {-done.returncode}" if done.returncode < 0 else "crashed"
+    raise SandboxError(
+        f"the workspace archive cannot be unpacked (the unpacking process {ended}; it may "
+        f"use at most {UNPACK_MEMORY_BYTES // _MiB} MiB)"
+    )
 
 
-def _safe(member: tarfile.TarInfo) -> tarfile.TarInfo:
-    name = posixpath.normpath(member.name)
-    if name.startswith(("/", "..")) or not (member.isreg() or member.isdir()):
-        raise SandboxError(f"the workspace archive has an unsafe member: {member.name!r}")
-    member.mode = (member.mode | 0o600) & 0o755
-    member.uid = member.gid = 0
-    member.uname = member.gname = ""
-    return member
+def unpack_argv(
+    workspace: Path, max_bytes: int, max_members: int, run_as: tuple[int, int] | None
+) -> list[str]:
+    """The child's command line: rlimits (prlimit), the drop to ``run_as`` (setpriv, no
+    new privileges), then the standard library's Python alone (``-I -S``) running
+    unpack.py's text, given on the command line (``-c``): the worker reads it, so the job's
+    user needs no access to the worker's files beyond its interpreter."""
+    python = [sys.executable, "-I", "-S", "-c", _unpack_source(), str(workspace)]
+    python += [str(max_bytes), str(max_members)]
+    if run_as is not None:
+        uid, gid = run_as
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+        python = [*drop, "--no-new-privs", "--", *python]
+    rlimits = [
+        "prlimit",
+        f"--as={UNPACK_MEMORY_BYTES}",
+        f"--fsize={max(max_bytes, 1)}",
+        f"--cpu={UNPACK_SECONDS}",
+        "--nofile=64",
+        "--core=0",
+    ]
+    return [*rlimits, "--", *python]
 
 
-def archive(workspace: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(workspace, arcname="workspace")
-    return buffer.getvalue()
+@functools.cache
+def _unpack_source() -> str:
+    return Path(unpack.__file__).read_text()
+
+
+def archive(workspace: Path, target: Path) -> None:
+    """Write the workspace as ``workspace/...`` in a gzip-compressed tar to ``target`` (a
+    new file, outside the workspace), streamed: the worker holds a block at a time, not
+    the archive, nor (``tarfile`` keeps every member it adds) a record per file. Links
+    are stored as links, never followed; what cannot be archived (a socket) is left out."""
+    with contextlib.suppress(FileNotFoundError):
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with (
+        os.fdopen(fd, "wb") as out,
+        tarfile.open(fileobj=out, mode="w:gz", compresslevel=6) as tar,
+    ):
+        for path, name in _entries(workspace):
+            tar.add(path, arcname=name, recursive=False)
+            tar.members.clear()  # type: ignore[attr-defined]  # (not in typeshed)
+
+
+def _entries(workspace: Path) -> Iterator[tuple[str, str]]:
+    """(path, name in the archive) of the workspace and everything in it, depth first in
+    name order (as ``tarfile``'s own recursion), without following links."""
+    stack: list[tuple[str, str]] = [(str(workspace), "workspace")]
+    while stack:
+        path, name = stack.pop()
+        yield path, name
+        if os.path.isdir(path) and not os.path.islink(path):
+            try:
+                children = sorted(os.listdir(path), reverse=True)
+            except OSError:
+                continue
+            stack += [(os.path.join(path, c), f"{name}/{c}") for c in children]
 
 
 def workspace_bytes(workspace: Path) -> int:

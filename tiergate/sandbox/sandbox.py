@@ -215,14 +215,46 @@ class Sandbox:
     def write_files(self, files_: dict[str, str]) -> None:
         files.write_files(self.workspace, files_)
 
-    def extract(self, archive: bytes, max_bytes: int | None = None) -> None:
-        """Unpack a tar archive; refused when its files add up to more than ``max_bytes``
-        (default: the job's disk limit)."""
+    def extract(self, archive: bytes | Path, max_bytes: int | None = None) -> None:
+        """Unpack a tar archive (its bytes, or a file) into the workspace, as the job's own
+        user (see :func:`files.extract`); refused when its files add up to more than
+        ``max_bytes`` (default: the job's disk limit) or it has more members than
+        ``sandbox.max_upload_members``."""
         limit = self._limits.disk_mb * _MiB if max_bytes is None else max_bytes
-        files.extract(self.workspace, archive, limit)
+        run_as: tuple[int, int] | None = None
+        if self._as_root:
+            # The slot's own ids where the sandbox has them, else the settings' user.
+            uid = int(getattr(self, "_uid", self._settings.uid))
+            gid = int(getattr(self, "_gid", self._settings.gid))
+            run_as = (uid, gid)
+            os.chown(self.workspace, uid, gid)
+        source = archive if isinstance(archive, Path) else self.root / "upload.tar"
+        try:
+            if isinstance(archive, bytes):
+                fd = os.open(source, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(archive)
+            with source.open("rb") as stream:
+                files.extract(
+                    self.workspace, stream, limit, self._settings.max_upload_members, run_as
+                )
+        except OSError as exc:
+            raise SandboxError(f"cannot read the workspace archive: {exc.strerror}") from exc
+        finally:
+            if source is not archive:
+                source.unlink(missing_ok=True)
 
-    def archive(self) -> bytes:
-        return files.archive(self.workspace)
+    def archive(self) -> Path:
+        """The workspace artifact (``workspace.tar.gz``), written to a file beside the
+        workspace (not in it, so that no job's file can be that path); the caller uploads it
+        and removes it (:meth:`close` does too)."""
+        target = self.root / "artifact.tar.gz"
+        try:
+            files.archive(self.workspace, target)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        return target
 
     def workspace_bytes(self) -> int:
         return files.workspace_bytes(self.workspace)
