@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tiergate.sectionbase import Section as _Section
 
@@ -74,9 +74,16 @@ class SandboxSettings(_Section):
     # the job's disk_mb as the cap on its unpacked size): the worker's own check, whatever
     # the store holds (the gateway checks jobs.max_upload_members when it is uploaded).
     max_upload_members: int = Field(20_000, ge=1)
-    # When the worker runs as root, sandboxed commands run as this unprivileged user.
-    uid: int = 65534
-    gid: int = 65534
+    # When the worker runs as root, sandboxed commands run as unprivileged users: job slot i
+    # of the worker as uid ``uid + i`` and gid ``gid + i``, so that no two running jobs share
+    # a user (a user's process count, RLIMIT_NPROC, is counted over all its processes: a
+    # job at its limit would otherwise stop its neighbours from forking, and one job's
+    # files would be another's). ``uids`` is the size of the range and must cover
+    # ``worker.concurrency``; give each worker on one host a range of its own. The default
+    # range has no names in /etc/passwd and nothing else on the host uses it.
+    uid: int = Field(100000, ge=1)
+    gid: int = Field(100000, ge=1)
+    uids: int = Field(64, ge=1, le=65536)
     # Per-job cgroups go under <controller root>/<cgroup_parent>/job-<id>. As root the worker
     # creates the parent; an unprivileged worker needs it delegated (chowned to its user).
     cgroup_parent: str = Field("tiergate", pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -89,6 +96,11 @@ class SandboxSettings(_Section):
     # (libseccomp missing); the worker refuses to start without it otherwise.
     allow_no_seccomp: bool = False
     max_processes: int = Field(256, ge=8, le=65536)
+    # Files, directories and links a job's workspace may hold (inodes: empty files cost no
+    # bytes but fill a disk's inode table); checked while each command runs, with the
+    # job's disk_mb (tiergate.sandbox.diskwatch).
+    max_workspace_entries: int = Field(100_000, ge=100)
+    disk_watch_seconds: float = Field(0.2, gt=0)
 
     @field_validator("cgroup_parent")
     @classmethod
@@ -96,6 +108,12 @@ class SandboxSettings(_Section):
         if any(part in (".", "..") for part in value.split("/")):
             raise ValueError("cgroup_parent is a relative path without '.' or '..'")
         return value
+
+    def for_slot(self, index: int) -> SandboxSettings:
+        """These settings for job slot ``index``: its own uid and gid in the range."""
+        if not 0 <= index < self.uids:
+            raise ValueError(f"job slot {index} is outside sandbox.uids ({self.uids})")
+        return self.model_copy(update={"uid": self.uid + index, "gid": self.gid + index})
 
 
 class WorkerSettings(_Section):
@@ -153,3 +171,12 @@ class JobsSettings(_Section):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+
+    @model_validator(mode="after")
+    def _a_uid_per_slot(self) -> JobsSettings:
+        if self.sandbox.uids < self.worker.concurrency:
+            raise ValueError(
+                f"sandbox.uids ({self.sandbox.uids}) must be at least worker.concurrency "
+                f"({self.worker.concurrency}): each running job has a uid of its own"
+            )
+        return self

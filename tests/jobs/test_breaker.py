@@ -18,6 +18,7 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.envs import cache_dir
+from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tiergate.envs.build import Built
 from tiergate.envs.registry import Registry
@@ -73,12 +74,12 @@ def test_state_machine_on_real_s3(s3: str) -> None:
     clock = Clock()
     a, b = _board(settings, clock, "w1"), _board(settings, clock, "w2")
     assert a.admit("env1", "job_1").allowed  # no record: closed
-    a.record("env1", "job_1", "setup", "exit 3")
+    a.record("env1", "job_1", "setup", "exit 3", owner="alice")
     assert a.read("env1")[0].state == "closed" and a.read("env1")[0].failures == 1
     a.record("env1", "job_x", "ok")  # the environment worked: the count starts again
     assert b.read("env1")[0].failures == 0
     a.record("env1", "job_2", "neutral")  # a timeout, a cancellation: not counted
-    a.record("env1", "job_2", "setup", "exit 3")
+    a.record("env1", "job_2", "setup", "exit 3", owner="alice")
     b.record("env1", "job_3", "sandbox_start", "no bwrap")  # another worker's failure
     opened = a.read("env1")[0]
     assert (opened.state, opened.failures, opened.changed_by) == ("open", 2, "w2")
@@ -90,7 +91,8 @@ def test_state_machine_on_real_s3(s3: str) -> None:
     assert probe.allowed and probe.probe and probe.breaker.state == "half_open"
     assert not b.admit("env1", "job_7").allowed  # exactly one probe
     assert b.admit("env1", "job_6").allowed  # the probe, redelivered
-    a.record("env1", "job_6", "verifier", "exit 139")  # the probe failed: open again
+    a.record("env1", "job_6", "verifier", "exit 139", owner="bob")  # the probe failed: open
+    # again (bob's commands had not failed in this run of failures; alice's had)
     again = b.read("env1")[0]
     assert again.state == "open" and again.opened_at == clock.now
     clock.now += 61
@@ -130,6 +132,46 @@ def test_state_machine_on_real_s3(s3: str) -> None:
     )
 
 
+def test_one_owner_cannot_open_a_shared_breaker(s3: str) -> None:
+    """The attacker's test: a tenant whose own setup and verifier fail on purpose counts
+    once, however often; several owners failing open the breaker; the refusal another
+    tenant gets names no other tenant's command."""
+    settings = _settings(s3, failures_to_open=3)
+    JobStore(settings.storage).ensure_bucket()
+    clock = Clock()
+    board = _board(settings, clock)
+    for i in range(10):
+        stage = "setup" if i % 2 else "verifier"
+        board.record("env1", f"job_m{i}", stage, "exit 3: cat /secret-of-mallory", owner="mallory")
+    assert board.admit("env1", "job_alice").allowed
+    assert board.read("env1")[0].failures == 1
+    board.record("env1", "job_b", "setup", "exit 1: make", owner="bob")
+    assert board.read("env1")[0].state == "closed"
+    board.record("env1", "job_c", "setup", "exit 1: make", owner="carol")
+    opened = board.read("env1")[0]
+    assert (opened.state, opened.failures) == ("open", 3)
+    assert sorted(opened.owners) == ["bob", "carol", "mallory"]
+    refused = board.admit("env1", "job_alice2")
+    assert (
+        not refused.allowed and "mallory" not in refused.message and "make" not in refused.message
+    )
+    # A probe whose owner's commands already counted hands the probe back: mallory cannot
+    # keep the breaker open by racing to be the probe.
+    clock.now += 61
+    assert board.admit("env1", "job_m_probe").probe
+    board.record("env1", "job_m_probe", "setup", "exit 3", owner="mallory")
+    handed = board.read("env1")[0]
+    assert handed.state == "open" and handed.opened_at == opened.opened_at
+    assert board.admit("env1", "job_d").probe
+    board.record("env1", "job_d", "ok", owner="dave")
+    closed = board.read("env1")[0]
+    assert (closed.state, closed.failures, closed.owners) == ("closed", 0, [])
+    # Sandbox start failures are the environment's: each counts, whoever's job it was.
+    for i in range(3):
+        board.record("env1", f"job_s{i}", "sandbox_start", "unpack failed", owner="mallory")
+    assert board.read("env1")[0].state == "open"
+
+
 def _together(count: int, work: Callable[[int], Any]) -> list[Any]:
     barrier = threading.Barrier(count)
     results: list[Any] = [None] * count
@@ -156,11 +198,11 @@ def test_concurrent_writers_lose_no_update_and_one_probe_wins(s3: str) -> None:
     JobStore(settings.storage).ensure_bucket()
     clock = Clock()
     boards = [_board(settings, clock, f"w{i}") for i in range(6)]
-    _together(6, lambda i: boards[i].record("env", f"job_{i}", "setup", "exit 3"))
+    _together(6, lambda i: boards[i].record("env", f"job_{i}", "setup", "exit 3", owner=f"o{i}"))
     assert boards[0].read("env")[0].failures == 6  # every increment landed
     forced = BreakerBoard(JobStore(settings.storage), settings, clock=clock)
     forced._settings = settings.breaker.model_copy(update={"failures_to_open": 7})
-    forced.record("env", "job_x", "setup", "exit 3")
+    forced.record("env", "job_x", "setup", "exit 3", owner="o6")
     assert forced.read("env")[0].state == "open"
     clock.now += 61
     admitted = _together(6, lambda i: boards[i].admit("env", f"probe_{i}"))
@@ -179,9 +221,9 @@ def _wait_for(what: Callable[[], Any], timeout: float = 60) -> Any:
         time.sleep(0.2)
 
 
-def _run(stack: JobsStack, body: dict[str, Any]) -> dict[str, Any]:
-    job = stack.submit(body)
-    return stack.wait(job["id"], lambda j: j["status"] in ENDED, timeout=90)
+def _run(stack: JobsStack, body: dict[str, Any], key: dict[str, str]) -> dict[str, Any]:
+    job = stack.submit(body, headers=key)
+    return stack.wait(job["id"], lambda j: j["status"] in ENDED, timeout=90, headers=key)
 
 
 def test_breaker_opens_fails_fast_and_closes_after_a_probe(
@@ -192,7 +234,12 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         "breaker": {"failures_to_open": 2, "cooldown_seconds": 2},
         "sandbox": {"cache_dir": cache_dir()},
     }
-    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+    # Each owner's failing setup counts once: the failures come from several tenants.
+    keys = tenants("alice", "bob", "carol", "dave")
+    alice, bob, carol, dave = (keys.headers(n) for n in ("alice", "bob", "carol", "dave"))
+    with jobs_stack(
+        broker, s3, model, tmp_path, jobs=jobs, auth=keys.auth, worker={"api_key": keys.worker}
+    ) as stack:
         # Names that are not registered fail (environment_not_found): both are the test
         # environment (tests/jobs/envs.py) under two names, two breakers.
         registry = Registry(JobStore(stack.jobs.storage))
@@ -202,14 +249,14 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         first, second = stack.start_worker(), stack.start_worker()  # share the breaker
         board = BreakerBoard(JobStore(stack.jobs.storage), stack.jobs)
         flaky = {**BROKEN, "environment": "flaky"}
-        for _ in range(2):
-            done = _run(stack, flaky)
+        for owner in (alice, bob):
+            done = _run(stack, flaky, owner)
             assert done["status"] == "failed" and done["error"]["code"] == "sandbox"
             assert done["environment"] == "flaky"
         assert board.read("flaky")[0].state == "open"
 
         started = time.monotonic()
-        fast = _run(stack, {**WORKS, "environment": "flaky"})
+        fast = _run(stack, {**WORKS, "environment": "flaky"}, dave)
         assert fast["status"] == "failed", fast
         assert fast["error"]["code"] == "environment_unavailable"
         message = fast["error"]["message"]
@@ -218,33 +265,33 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         assert "trajectory" not in fast["artifacts"]  # no sandbox, no setup ran
         assert time.monotonic() - started < 30
 
-        other = _run(stack, {**WORKS, "environment": "other"})
+        other = _run(stack, {**WORKS, "environment": "other"}, dave)
         assert other["status"] == "completed", other
 
         # After the cool-down a probe runs; it fails, so the breaker opens again.
         opened_at = board.read("flaky")[0].opened_at
         assert opened_at is not None
         _wait_for(lambda: time.time() > opened_at + 2.2)
-        probe = _run(stack, flaky)
+        probe = _run(stack, flaky, carol)
         assert probe["error"]["code"] == "sandbox", probe  # it ran: setup failed
         reopened = board.read("flaky")[0]
         assert reopened.state == "open" and (reopened.opened_at or 0) > opened_at
 
         # The next probe works: closed, and jobs run again.
         _wait_for(lambda: time.time() > (reopened.opened_at or 0) + 2.2)
-        good = _run(stack, {**WORKS, "environment": "flaky"})
+        good = _run(stack, {**WORKS, "environment": "flaky"}, dave)
         assert good["status"] == "completed", good
         closed = board.read("flaky")[0]
         assert (closed.state, closed.failures) == ("closed", 0)
-        assert _run(stack, {**WORKS, "environment": "flaky"})["status"] == "completed"
+        assert _run(stack, {**WORKS, "environment": "flaky"}, dave)["status"] == "completed"
 
         # The operator holds it open, then closes it.
         command(stack.jobs, "open", "flaky")
-        held = _run(stack, {**WORKS, "environment": "flaky"})
+        held = _run(stack, {**WORKS, "environment": "flaky"}, dave)
         assert held["error"]["code"] == "environment_unavailable"
         assert "operator" in held["error"]["message"]
         command(stack.jobs, "close", "flaky")
-        assert _run(stack, {**WORKS, "environment": "flaky"})["status"] == "completed"
+        assert _run(stack, {**WORKS, "environment": "flaky"}, dave)["status"] == "completed"
 
         # Metrics: the workers together made the transitions; each gauge follows the store.
         def total(name: str, labels: dict[str, str]) -> float:
@@ -277,5 +324,5 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
                 "tiergate_environment_breaker_state", {"environment": "flaky"}
             )
             assert state == 0.0
-        text = httpx.get(f"{stack.base}/v1/jobs").json()
+        text = httpx.get(f"{stack.base}/v1/jobs", headers=dave).json()
         assert all("environment" in j for j in text["data"])

@@ -43,8 +43,9 @@ def test_commands_run_in_the_workspace_as_an_unprivileged_user(sandbox: Sandbox)
     lines = result.output.split()
     assert lines[:2] == ["/workspace", "hello"]
     if os.geteuid() == 0:
-        assert lines[2] == "65534"
-        assert (sandbox.workspace / "made.txt").stat().st_uid == 65534
+        uid = SandboxSettings().uid
+        assert lines[2] == str(uid)
+        assert (sandbox.workspace / "made.txt").stat().st_uid == uid
 
 
 def test_no_network_even_to_loopback(sandbox: Sandbox) -> None:

@@ -92,7 +92,7 @@ def test_disable_userns_holds_without_the_filter() -> None:
     workspace = top / "ws"
     workspace.mkdir()
     if ROOT:
-        os.chown(workspace, 65534, 65534)
+        os.chown(workspace, SandboxSettings().uid, SandboxSettings().gid)
     argv = command_argv(
         workspace,
         "unshare -U true; echo unshare=$?; echo fine",

@@ -26,12 +26,25 @@ States and transitions:
 - ``held``: an operator opened the breaker (``tiergate env breaker open NAME``): it stays
   open with no probe until an operator closes it.
 
-What counts as an infrastructure failure (the environment, not the model, broke): a setup
-command that fails (stage ``setup``), the sandbox failing to start (``sandbox_start``), the
-verifier crashing (``verifier``: exit status 126 or more, i.e. not executable, not found,
-or killed by a signal (128+n, or a negative status), and not a timeout; an exit status of 1
-is a wrong answer). The model's wrong answers, max_steps and timeouts, cancellations and
-model endpoint errors (retried as transient) do not count.
+What counts as a failure of the environment (the environment, not the job or the model,
+broke), and so towards ``failures_to_open``:
+
+- the sandbox failing to start (``sandbox_start``: the environment cannot be fetched or
+  unpacked, the sandbox or its cgroup cannot be made): each one counts;
+- a job's own commands failing: its setup command exits non-zero (stage ``setup``) or its
+  verifier crashes (``verifier``: exit status 126 or more, i.e. not executable, not found,
+  or killed by a signal (128+n, or a negative status), and not a timeout; an exit status of
+  1 is a wrong answer). These are written by the job's owner, who can make them fail at
+  will, so **each owner counts once per run of failures**: the owners already counted are
+  kept in the record (``owners``), and a further failure of the same owner's commands
+  changes nothing (as a probe, it hands the probe back, like a job without a verdict).
+  One tenant alone therefore moves the count by at most one and never opens a breaker
+  that other tenants share; setup failing for several owners does.
+
+The model's wrong answers, max_steps and timeouts, cancellations and model endpoint errors
+(retried as transient) do not count. A job refused by an open breaker is told the state and
+when the next probe may run, never what failed (that names another tenant's command): the
+record's ``reason`` is for operators (``tiergate env breaker list``).
 
 Metrics: a worker exports what it last read or wrote (the sweeper reads every breaker every
 15 s, so an idle worker's gauge follows too); transitions are counted by the process that
@@ -65,6 +78,8 @@ State = Literal["closed", "open", "half_open"]
 # nothing (cancelled, timed out, model errors...).
 Verdict = Literal["ok", "neutral", "setup", "sandbox_start", "verifier"]
 INFRA_STAGES = ("setup", "sandbox_start", "verifier")
+# The stages whose commands the job's owner wrote: counted once per owner (see above).
+OWNERS_STAGES = ("setup", "verifier")
 _MAX_TRIES = 50
 
 
@@ -86,6 +101,8 @@ class Breaker(BaseModel):
     changed_at: float = 0.0
     reason: str = ""
     revision: int = 0
+    # The owners whose own commands (setup, verifier) failed in this run of failures.
+    owners: list[str] = []
 
     def next_probe_at(self, cooldown: float) -> float | None:
         if self.state != "open" or self.held or self.opened_at is None:
@@ -278,12 +295,15 @@ class BreakerBoard:
         state = "held open by an operator" if b.held else b.state.replace("_", "-")
         return (
             f"environment {b.environment!r} is unavailable: its circuit breaker is {state} "
-            f"after {b.failures} consecutive infrastructure failures ({b.reason}); the next "
+            f"after {b.failures} consecutive infrastructure failures; the next "
             f"probe job may run {when}"
         )
 
-    def record(self, environment: str, job_id: str, verdict: Verdict, detail: str = "") -> None:
-        """What a finished job (or one handed back for retry) says about its environment."""
+    def record(
+        self, environment: str, job_id: str, verdict: Verdict, detail: str = "", owner: str = ""
+    ) -> None:
+        """What a finished job (or one handed back for retry) of ``owner`` says about its
+        environment."""
         if not self.enabled:
             return
         threshold = self._settings.failures_to_open
@@ -296,21 +316,27 @@ class BreakerBoard:
             b.changed_by = self._identity
             if verdict == "ok":
                 if probe:
-                    b.state, b.failures, b.opened_at = "closed", 0, None
+                    b.state, b.failures, b.opened_at, b.owners = "closed", 0, None, []
                     b.probe = b.probe_started_at = None
                     b.reason = f"probe {job_id} worked"
                     return b
-                if b.state == "closed" and b.failures:
-                    b.failures, b.reason = 0, f"job {job_id} worked"
+                if b.state == "closed" and (b.failures or b.owners):
+                    b.failures, b.owners, b.reason = 0, [], f"job {job_id} worked"
                     return b
                 return None
-            if verdict == "neutral":
+            if verdict in OWNERS_STAGES and owner in b.owners:
+                verdict_now: Verdict = "neutral"  # this owner's commands counted already
+            else:
+                verdict_now = verdict
+            if verdict_now == "neutral":
                 if probe:
                     b.state, b.probe, b.probe_started_at = "open", None, None
                     b.reason = f"probe {job_id} ended without a verdict; next job probes"
                     return b
                 return None
             # An infrastructure failure.
+            if verdict in OWNERS_STAGES:
+                b.owners = [*b.owners, owner]
             if probe:
                 b.state, b.opened_at, b.failures = "open", now, b.failures + 1
                 b.probe = b.probe_started_at = None
@@ -342,6 +368,7 @@ class BreakerBoard:
     def force_close(self, environment: str, by: str) -> Breaker:
         def change(b: Breaker) -> Breaker:
             b.state, b.held, b.failures, b.opened_at = "closed", False, 0, None
+            b.owners = []
             b.probe = b.probe_started_at = None
             b.changed_by, b.reason = by, "closed by an operator"
             return b

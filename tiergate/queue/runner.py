@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
+from tiergate.queue import joberrors
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
 from tiergate.queue.jobsandbox import (
@@ -223,8 +224,10 @@ class JobRunner:
                 else "internal"
             )
             if reason == "internal":
-                log.exception("job %s failed while processing", job.id)
-            message_text = str(exc) if reason != "internal" else f"{type(exc).__name__}: {exc}"
+                message_text = joberrors.internal(job.id, exc)
+            else:
+                log.info("job %s failed (%s): %s", job.id, reason, exc)
+                message_text = joberrors.scrub(str(exc))
             self._end(
                 job, JobStatus.FAILED, reason, error={"code": reason, "message": message_text}
             )
@@ -233,15 +236,15 @@ class JobRunner:
         finally:
             self._jobs.settle(message.id, quiet=True)
             if not abandoned:
-                self._judge(environment, message.id)
+                self._judge(environment, message.id, message.owner)
 
-    def _judge(self, environment: str, job_id: str) -> None:
+    def _judge(self, environment: str, job_id: str, owner: str) -> None:
         """Tell the breaker what the job said about its environment; a failure to do so
         does not change the job's ending (a lost probe verdict is taken over, see
         tiergate.queue.breaker)."""
         verdict, detail = self._verdict
         try:
-            self._breakers.record(environment, job_id, verdict, detail)
+            self._breakers.record(environment, job_id, verdict, detail, owner=owner)
         except StorageError as exc:
             log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
 
@@ -396,7 +399,10 @@ class JobRunner:
             )
         except ReplayRefused as exc:
             self._end(
-                job, JobStatus.FAILED, exc.code, error={"code": exc.code, "message": str(exc)}
+                job,
+                JobStatus.FAILED,
+                exc.code,
+                error={"code": exc.code, "message": joberrors.scrub(str(exc))},
             )
             return "finished"
         root = None if plan.digest is None else self._fetch_environment(plan.digest)
@@ -465,6 +471,10 @@ class JobRunner:
     def _transient(self, job: Job, message: JobMessage, exc: Exception) -> Outcome:
         worker = self._settings.worker
         log.warning("job %s attempt %d failed: %s", job.id, message.attempt, exc)
+        if isinstance(exc, ModelUnavailable):
+            said = f"the model endpoint was unavailable ({joberrors.scrub(str(exc))})"
+        else:
+            said = joberrors.transient(job.id, exc, "object storage")
         if message.attempt < worker.max_attempts:
             delay = worker.retry_backoff_seconds * 2 ** (message.attempt - 1)
             retry = message.model_copy(
@@ -472,7 +482,7 @@ class JobRunner:
             )
             try:
                 self._queue.retry_later(retry)
-                self._jobs.retrying(job, message.attempt, delay, str(exc))
+                self._jobs.retrying(job, message.attempt, delay, said)
                 return "retry"
             except (QueueUnavailable, StorageError) as again:
                 log.error("job %s could not be scheduled for retry: %s", job.id, again)
@@ -483,7 +493,7 @@ class JobRunner:
             "transient_failures",
             error={
                 "code": "transient_failures",
-                "message": f"gave up after {message.attempt} attempts: {exc}",
+                "message": f"gave up after {message.attempt} attempts: {said}",
             },
         )
         self._dead_letter(message)

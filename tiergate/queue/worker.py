@@ -105,8 +105,12 @@ class Worker:
         self._store.ensure_bucket()
         self._queue.ensure_topics()
         for index in range(self._settings.worker.concurrency):
+            # Each slot's jobs run as a user of their own (sandbox.uid + index).
+            slot = self._settings.model_copy(
+                update={"sandbox": self._settings.sandbox.for_slot(index)}
+            )
             runner = JobRunner(
-                self._settings,
+                slot,
                 self._store,
                 self._queue,
                 self._model_client,

@@ -116,6 +116,8 @@ def command_argv(
         "--core=0",
     ]
     if as_root:
-        rlimits.append("--nproc=512")  # counts the sandbox uid's processes, all jobs'
+        # Counts every process of the sandbox's uid, which is this job slot's alone
+        # (SandboxSettings.for_slot): no other running job's processes count against it.
+        rlimits.append("--nproc=512")
     argv = [*rlimits, "--", *argv]
     return ["/bin/sh", "-c", GATE, "sandbox", *argv] if gated else argv

@@ -88,6 +88,14 @@ class JobCgroup:
                 )
                 raise SandboxError(f"could not put the command into {procs}: {exc}{hint}") from exc
 
+    def processes(self) -> int:
+        """How many processes the job has now (the pids controller's count)."""
+        pids = self.dirs[0] if self.parent.version == 2 else self.dirs[1]
+        try:
+            return int((pids / "pids.current").read_text())
+        except (OSError, ValueError):
+            return 0
+
     def kill(self) -> None:
         """Kill whatever is still in the cgroup (so that it can be removed)."""
         if not self.dirs:

@@ -53,11 +53,19 @@ from tiergate.sandbox import files, seccomp
 from tiergate.sandbox.bwrap import STANDBY, command_argv, standby_script
 from tiergate.sandbox.capture import read_bounded
 from tiergate.sandbox.cgroup import find_parent
+from tiergate.sandbox.diskwatch import DiskWatch
 from tiergate.sandbox.errors import SandboxError
 from tiergate.sandbox.limits import JobCgroup
 from tiergate.settings import SandboxSettings
 
 _MiB = 1024 * 1024
+
+# The whole environment of every process the worker starts for a job. The sandbox's pid 1
+# is bubblewrap's reaper, which never execs and keeps the environment bubblewrap was started
+# with (readable as /proc/1/environ inside): ``--clearenv`` clears only what the command
+# sees. So nothing of the worker's environment (storage keys, the workers' API key, Kafka
+# passwords, the jobs settings) may reach bubblewrap or the launchers before it.
+LAUNCH_ENV: dict[str, str] = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +184,7 @@ class Sandbox:
                 stdin=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=() if filter_fd is None else (filter_fd,),
+                env=LAUNCH_ENV,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start a command: {exc}") from exc
@@ -342,13 +351,20 @@ class Sandbox:
                     proc.stdin.write(b"run\n")
                     proc.stdin.close()
             limit = self._settings.output_limit_chars
-            text, timed_out = read_bounded(proc.stdout, limit, deadline, self.kill)
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                self.kill()
-                proc.wait()
+            with DiskWatch(
+                workspace,
+                self._limits.disk_mb * _MiB,
+                self._settings.max_workspace_entries,
+                self.kill,
+                self._settings.disk_watch_seconds,
+            ) as watch:
+                text, timed_out = read_bounded(proc.stdout, limit, deadline, self.kill)
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    self.kill()
+                    proc.wait()
         finally:
             proc.stdout.close()
             if proc.stdin is not None and not proc.stdin.closed:
@@ -357,6 +373,8 @@ class Sandbox:
             with self._lock:
                 self._proc = None
             self._prepare_standby()
+        if watch.exceeded is not None:
+            raise SandboxError(watch.exceeded)
         if timed_out:
             text += f"\n[timed out after {timeout:g}s]"
         return CommandResult(
@@ -379,11 +397,16 @@ class Sandbox:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                     pass_fds=() if filter_fd is None else (filter_fd,),
+                    env=LAUNCH_ENV,
                 )
         finally:
             if filter_fd is not None:
                 os.close(filter_fd)
         return proc
+
+    def process_count(self) -> int:
+        """The job's processes now (0 without a cgroup)."""
+        return 0 if self._cgroup is None else self._cgroup.processes()
 
     def kill(self) -> None:
         """Kill the running command and everything it started."""

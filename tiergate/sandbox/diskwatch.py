@@ -1,0 +1,102 @@
+"""The workspace's disk use watched while a command runs, not only between commands.
+
+A command may write as fast as the disk takes it, or make millions of empty files and
+directories (inodes, which a byte count never sees). Between commands the runner checks the
+workspace (:meth:`tiergate.sandbox.Sandbox.check_disk`); during one, :class:`DiskWatch`
+walks it every ``interval`` seconds (longer when a walk itself takes long, so that watching
+never costs more than about a third of a core) and kills the command the moment it holds
+more bytes (allocated blocks, so a sparse file costs what it really uses) or more entries
+than the job may. What it cannot do is stop a write mid-walk: a command can go past the
+limit by what it writes in one interval (RLIMIT_FSIZE, also set, caps any single file at
+the disk limit). A per-workspace filesystem with quotas (a loop-mounted image, XFS project
+quotas) would be exact, but needs privileges a worker pod does not have; this needs none.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    bytes: int
+    entries: int
+
+
+def usage(top: Path, stop_at_entries: int | None = None) -> Usage:
+    """Bytes allocated and entries (files, directories, links, anything) under ``top``;
+    symbolic links not followed. Stops counting past ``stop_at_entries``."""
+    total = entries = 0
+    pending = [str(top)]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += max(st.st_blocks * 512, 0)
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+                    if stop_at_entries is not None and entries > stop_at_entries:
+                        return Usage(total, entries)
+        except OSError:
+            continue
+    return Usage(total, entries)
+
+
+class DiskWatch:
+    """Watches ``top`` while a command runs; calls ``kill`` once, and keeps why in
+    :attr:`exceeded`, when the workspace goes over ``max_bytes`` or ``max_entries``."""
+
+    def __init__(
+        self,
+        top: Path,
+        max_bytes: int,
+        max_entries: int,
+        kill: Callable[[], None],
+        interval: float = 0.2,
+    ) -> None:
+        self._top = top
+        self._max_bytes = max_bytes
+        self._max_entries = max_entries
+        self._kill = kill
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sandbox-diskwatch", daemon=True)
+        self.exceeded: str | None = None
+
+    def __enter__(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        wait = self._interval
+        while not self._stop.wait(wait):
+            started = time.monotonic()
+            used = usage(self._top, stop_at_entries=self._max_entries)
+            if used.bytes > self._max_bytes:
+                self.exceeded = (
+                    f"the command was stopped: the workspace held {used.bytes} bytes, over "
+                    f"the job's disk limit of {self._max_bytes} bytes"
+                )
+            elif used.entries > self._max_entries:
+                self.exceeded = (
+                    "the command was stopped: the workspace held more than "
+                    f"{self._max_entries} files and directories (the job's limit)"
+                )
+            if self.exceeded is not None:
+                self._kill()
+                return
+            wait = max(self._interval, 2 * (time.monotonic() - started))
