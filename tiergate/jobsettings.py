@@ -25,6 +25,10 @@ class KafkaSettings(_Section):
     # so a long job does not lose its membership.
     session_timeout_ms: int = Field(6000, ge=1000)
     request_timeout_seconds: float = Field(5.0, gt=0)
+    # The largest message the producer sends (kafka-python's max_request_size); the gateway
+    # refuses a job whose message would be over it with 413 before anything is written. The
+    # broker's own limit (message.max.bytes) must be at least this.
+    max_request_size: int = Field(1024 * 1024, ge=1024)
     # Copies of each partition when the topics are created (1 for one local broker).
     replication_factor: int = Field(1, ge=1)
     # Transport and identity for a production broker (kafka-python's names and values).
@@ -161,6 +165,22 @@ class JobsSettings(_Section):
     # overrides it).
     max_outstanding_jobs: int = Field(100, ge=1)
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    # What one key may hold in live uploads (an expired one no longer counts), and how long
+    # an upload may be named by a new job (gateway/uploads.py says when it is deleted).
+    max_uploads_per_key: int = Field(100, ge=1)
+    upload_quota_bytes: int = Field(1024 * 1024 * 1024, ge=1024)
+    upload_ttl_seconds: float = Field(24 * 3600.0, gt=0)
+    # What an upload's tar may hold, checked at upload before it is stored: members, and
+    # the sum of their sizes (a small gzip may unpack to far more).
+    max_upload_members: int = Field(20_000, ge=1)
+    max_upload_unpacked_bytes: int = Field(4 * 1024 * 1024 * 1024, ge=1024)
+    # Uploads one gateway replica receives at once (each spooled to its temporary directory,
+    # up to max_upload_bytes: the chart's /tmp holds 8 of 64 MiB); the next is a 503.
+    max_concurrent_uploads: int = Field(8, ge=1)
+    # Event streams (GET /v1/jobs/{id}/events) one key may hold open on a gateway replica,
+    # and the threads their storage polls run on (their own, not the creates').
+    max_streams_per_key: int = Field(16, ge=1)
+    stream_threads: int = Field(8, ge=1, le=256)
     # A job still queued this long after it was accepted, with no worker having started it,
     # is sent again (its first message may never have reached the broker); the worker runs
     # a re-sent job only if it is still queued, so a slow queue does not run a job twice.

@@ -6,6 +6,7 @@ import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -171,9 +172,14 @@ def create_app(settings: Settings) -> FastAPI:
             settings, session, pools, metrics, proxy, gatekeeper, evidence
         )
         queue: JobQueue | None = None
+        stream_pool: ThreadPoolExecutor | None = None
         if settings.jobs.enabled:
             store = JobStore(settings.jobs.storage)
             queue = JobQueue(settings.jobs.kafka)
+            # The job event streams' storage polls, apart from every other route's threads.
+            stream_pool = ThreadPoolExecutor(
+                max_workers=settings.jobs.stream_threads, thread_name_prefix="job-events"
+            )
             app.state.gateway.jobs = JobsAPI(
                 settings.jobs,
                 store,
@@ -181,6 +187,7 @@ def create_app(settings: Settings) -> FastAPI:
                 gatekeeper,
                 lambda: {name for pool in pools.values() for name in pool.model_names},
                 settings.gateway.max_body_bytes,
+                stream_pool,
             )
         for pool in pools.values():
             await pool.start()
@@ -219,6 +226,8 @@ def create_app(settings: Settings) -> FastAPI:
             await limiter.close()
             if queue is not None:
                 queue.close()
+            if stream_pool is not None:
+                stream_pool.shutdown(wait=False, cancel_futures=True)
             if access_log is not None:
                 access_log.flush()
 

@@ -32,11 +32,18 @@ def register_job_routes(app: FastAPI) -> None:
         return jobs
 
     errors = openapi.error_responses("400", "401", "403", "404", "429", "503")
+    too_large: dict[int | str, dict[str, Any]] = {
+        "413": {
+            "description": "The body is over gateway.max_body_bytes, or the job's queue "
+            "message over jobs.kafka.max_request_size (request_too_large)",
+            "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+        }
+    }
 
     @app.post(
         "/v1/jobs",
         tags=["jobs"],
-        responses=errors,
+        responses={**errors, **too_large},
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -60,7 +67,25 @@ def register_job_routes(app: FastAPI) -> None:
     @app.post(
         "/v1/jobs/workspaces",
         tags=["jobs"],
-        responses=errors,
+        responses={
+            **errors,
+            "400": {
+                "description": "Empty, not a tar archive (invalid_upload), more members than "
+                "jobs.max_upload_members (upload_too_many_members), or unpacking to more "
+                "than jobs.max_upload_unpacked_bytes (upload_too_large_unpacked)",
+                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+            },
+            "413": {
+                "description": "Over jobs.max_upload_bytes (request_too_large)",
+                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+            },
+            "429": {
+                "description": "The key's requests per minute (rate_limit_exceeded), or its "
+                "live uploads over jobs.max_uploads_per_key or jobs.upload_quota_bytes "
+                "(upload_quota_exceeded)",
+                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+            },
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -72,8 +97,18 @@ def register_job_routes(app: FastAPI) -> None:
     )
     async def upload_workspace(request: Request) -> Response:
         """Upload a starting workspace (tar, optionally gzip'd); use its id as
-        ``workspace.upload_id``. Only this key's jobs can use it."""
+        ``workspace.upload_id``. Only this key's jobs can use it, until ``expires_at``
+        (``jobs.upload_ttl_seconds``); it counts against the key's upload quota until then."""
         return await api(request).upload(request)
+
+    @app.delete(
+        "/v1/jobs/workspaces/{upload_id}",
+        tags=["jobs"],
+        responses=openapi.error_responses("401", "404", "503"),
+    )
+    async def delete_workspace(request: Request, upload_id: str) -> Response:
+        """Delete one of this key's uploads, freeing its quota."""
+        return await api(request).delete_upload(request, upload_id)
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors)
     async def list_jobs(
@@ -110,9 +145,21 @@ def register_job_routes(app: FastAPI) -> None:
         step whether the exit status and the output match the original's trajectory."""
         return await api(request).replay(request, job_id)
 
-    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], responses=errors)
+    @app.get(
+        "/v1/jobs/{job_id}/events",
+        tags=["jobs"],
+        responses={
+            **errors,
+            "429": {
+                "description": "The key already has jobs.max_streams_per_key event streams "
+                "open on this replica (rate_limit_exceeded)",
+                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
+            },
+        },
+    )
     async def job_events(
         request: Request, job_id: str, starting_after: Annotated[int, Query(ge=0)] = 0
     ) -> Response:
-        """Server-Sent Events of status changes and steps, each with a sequence_number."""
+        """Server-Sent Events of status changes and steps, each with a sequence_number; at
+        most ``jobs.max_streams_per_key`` open at once per key."""
         return await api(request).events(request, job_id, starting_after)

@@ -5,36 +5,44 @@ after the broker acknowledged the job), poll ``GET /v1/jobs/{id}``, cancel idemp
 and stream events with ``sequence_number`` (resume with ``starting_after``). With API keys
 on, a job (and an uploaded workspace) exists only for the key that created it. Every
 state change goes through :class:`JobLifecycle`; every storage or broker failure is a 503
-with ``retry-after`` that names no bucket, key or address.
+with ``retry-after`` that names no bucket, key or address. What a tenant's uploads and
+event streams may cost is bounded in :mod:`~tiergate.gateway.uploads` and
+:mod:`~tiergate.gateway.eventstream`; a job whose queue message would be over
+``jobs.kafka.max_request_size`` is a 413 before anything is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
-from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 from typing import Any
 
 import orjson
 from fastapi import Request
 from pydantic import ValidationError
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.eventstream import EventStreams
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.selection import parse_body, read_body
+from tiergate.gateway.uploads import Uploads
 from tiergate.queue.lifecycle import JobLifecycle
-from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
 from tiergate.queue.replay import REPLAYABLE
-from tiergate.queue.schema import Job, JobCreate, JobMessage, JobStatus
+from tiergate.queue.schema import Job, JobCreate, JobMessage
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 from tiergate.tiers import UnknownTierError, parse_requested_tier
 
-TERMINAL_EVENTS = {f"job.{s.value}" for s in JobStatus if s.terminal}
+# The length of every job id (``job_`` and 32 hex digits): a spec's message is measured with
+# one before the job has its own.
+_SOME_JOB_ID = "job_" + "0" * 32
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -53,6 +61,16 @@ def unavailable(what: str, exc: Exception) -> OpenAIError:
     )
 
 
+def too_large_for_queue(exc: MessageTooLarge) -> OpenAIError:
+    return OpenAIError(
+        413,
+        f"The job is {exc.size} bytes as a queue message, over this installation's limit of "
+        f"{exc.limit} bytes (jobs.kafka.max_request_size); make the spec smaller (large "
+        "workspaces go in an upload: POST /v1/jobs/workspaces).",
+        code="request_too_large",
+    )
+
+
 def _invalid(exc: ValidationError) -> OpenAIError:
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"]) or None
@@ -68,7 +86,9 @@ class JobsAPI:
         gatekeeper: Gatekeeper,
         served_models: Any,
         max_body_bytes: int,
+        stream_pool: Executor,
     ) -> None:
+        """``stream_pool``: the event streams' own threads (the app's lifespan owns it)."""
         self._settings = settings
         self._max_body_bytes = max_body_bytes
         self._store = store
@@ -76,6 +96,8 @@ class JobsAPI:
         self._jobs = JobLifecycle(store)
         self._gatekeeper = gatekeeper
         self._served_models = served_models
+        self._uploads = Uploads(settings, store, gatekeeper, self._storage)
+        self._streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
 
     async def _storage(self, fn: Any, *args: Any) -> Any:
         try:
@@ -145,6 +167,25 @@ class JobsAPI:
             self._gatekeeper.policy.decide(
                 caller, AskedTier(tier, Reason.REQUESTED), Needs("/v1/chat/completions")
             )
+        self._check_size(caller, spec)
+
+    def _check_size(self, caller: Caller, spec: JobCreate) -> None:
+        """413 for a job whose message, in the largest form it takes (a retry's, a
+        re-send's, a replay's), would be over the producer's limit: measured before the
+        job is admitted, so that nothing is written and no limit is counted for it."""
+        largest = JobMessage(
+            id=_SOME_JOB_ID,
+            owner=caller.name,
+            spec=spec,
+            attempt=10**6,
+            not_before=time.time() + 10**6 + 0.123456,
+            resent=True,
+            replay_of=_SOME_JOB_ID,
+        )
+        try:
+            self._queue.check_size(largest)
+        except MessageTooLarge as exc:
+            raise too_large_for_queue(exc) from None
 
     async def _admit(self, caller: Caller) -> tuple[str, dict[str, str]]:
         """A new job's id and rate-limit headers, once the submission is counted against
@@ -173,14 +214,8 @@ class JobsAPI:
         except ValidationError as exc:
             raise _invalid(exc) from None
         self._check_spec(caller, spec)
-        upload = spec.workspace.upload_id
-        if upload and not await self._storage(self._store.has_upload, caller.name, upload):
-            raise OpenAIError(
-                400,
-                f"No workspace upload {upload!r} for this key (POST /v1/jobs/workspaces).",
-                param="workspace.upload_id",
-                code="upload_not_found",
-            )
+        if upload := spec.workspace.upload_id:
+            await self._uploads.check_named(caller, upload, 400, "workspace.upload_id")
         job_id, headers = await self._admit(caller)
         digest = None
         if idempotency := request.headers.get("idempotency-key"):
@@ -204,6 +239,9 @@ class JobsAPI:
             await asyncio.to_thread(
                 self._queue.enqueue, JobMessage(id=job.id, owner=job.owner, spec=spec)
             )
+        except MessageTooLarge as exc:  # the broker's own limit is lower than the producer's
+            await self._undo(job, digest)
+            raise too_large_for_queue(exc) from exc
         except QueueUnavailable as exc:
             await self._undo(job, digest)
             raise unavailable("queue", exc) from exc
@@ -248,15 +286,9 @@ class JobsAPI:
                 param="job_id",
                 code="job_not_replayable",
             )
-        upload = spec.workspace.upload_id
-        if upload and not await self._storage(self._store.has_upload, caller.name, upload):
-            raise OpenAIError(
-                409,
-                f"Job {job_id} cannot be replayed: its workspace upload {upload!r} no longer "
-                "exists.",
-                param="job_id",
-                code="upload_not_found",
-            )
+        if upload := spec.workspace.upload_id:
+            await self._uploads.check_named(caller, upload, 409, "job_id")
+        self._check_size(caller, spec)
         replay_id, headers = await self._admit(caller)
         job = self._jobs.new_job(replay_id, caller.name, spec)
         job.kind, job.replay_of = "replay", job_id
@@ -268,6 +300,9 @@ class JobsAPI:
         message = JobMessage(id=job.id, owner=job.owner, spec=spec, replay_of=job_id)
         try:
             await asyncio.to_thread(self._queue.enqueue, message)
+        except MessageTooLarge as exc:
+            await self._undo(job, None)
+            raise too_large_for_queue(exc) from exc
         except QueueUnavailable as exc:
             await self._undo(job, None)
             raise unavailable("queue", exc) from exc
@@ -276,14 +311,13 @@ class JobsAPI:
     # -- uploads ----------------------------------------------------------------------------
 
     async def upload(self, request: Request) -> Response:
-        """A starting workspace (a tar archive, optionally gzip'd) for this key's jobs."""
-        caller = self._caller(request)
-        body = await read_body(request, self._settings.max_upload_bytes)
-        if not body:
-            raise OpenAIError(400, "The upload is empty: send a tar archive as the body.")
-        upload_id = f"upl_{uuid.uuid4().hex}"
-        await self._storage(self._store.put_upload, caller.name, upload_id, body)
-        return json_response({"id": upload_id, "object": "workspace.upload", "bytes": len(body)})
+        """A starting workspace (a tar archive, optionally compressed) for this key's jobs;
+        received as :mod:`~tiergate.gateway.uploads` says."""
+        answer, headers = await self._uploads.receive(self._caller(request), request)
+        return json_response(answer, headers=headers)
+
+    async def delete_upload(self, request: Request, upload_id: str) -> Response:
+        return json_response(await self._uploads.delete(self._caller(request), upload_id))
 
     # -- read, list, cancel, events ---------------------------------------------------------
 
@@ -310,47 +344,6 @@ class JobsAPI:
         return json_response(await self._public(job))
 
     async def events(self, request: Request, job_id: str, starting_after: int) -> Response:
+        caller = self._caller(request)
         await self._owned(request, job_id)
-        # The first read happens before the response starts, so a store that is down is a
-        # 503 like every other route, not a 200 stream that breaks at once.
-        first = await self._storage(self._store.events, job_id, starting_after)
-        return StreamingResponse(
-            self._stream(job_id, starting_after, first),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-        )
-
-    async def _stream(
-        self, job_id: str, after: int, found: list[dict[str, Any]]
-    ) -> AsyncIterator[bytes]:
-        idle = 0.0
-        while True:
-            for event in found:
-                after = event["sequence_number"]
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
-                if event["type"] in TERMINAL_EVENTS:
-                    yield b"data: [DONE]\n\n"
-                    return
-            if found:
-                idle = 0.0
-            elif idle >= 15.0:
-                idle = 0.0
-                yield b": keep-alive\n\n"
-                # A finished job whose terminal event never came (its worker died in
-                # between; the next delivery writes it) must not hold the stream open.
-                try:
-                    if await asyncio.to_thread(self._store.final, job_id) is not None:
-                        yield b"data: [DONE]\n\n"
-                        return
-                except StorageError:
-                    pass
-            await asyncio.sleep(0.5)
-            idle += 0.5
-            try:
-                found = await asyncio.to_thread(self._store.events, job_id, after)
-            except StorageError as exc:
-                # Mid-stream the status line is gone: say so in the stream, and the client
-                # resumes with starting_after.
-                err = unavailable("store", exc)
-                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
-                return
+        return await self._streams.open(caller, job_id, starting_after)

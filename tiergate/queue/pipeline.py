@@ -3,6 +3,12 @@
 Topics: the jobs topic (keyed by job id), a retry topic (messages carry ``not_before``;
 the worker forwards them back when due) and a dead-letter topic for jobs that kept failing.
 kafka-python is synchronous; the gateway calls it from a thread.
+
+A message's size has one owner, ``jobs.kafka.max_request_size``: the producer is configured
+with it, and the gateway checks a job against it (:meth:`JobQueue.check_size`) before
+anything is written, so that a spec too large for the queue is the caller's 413 rather
+than a 503 on every try. A size refusal (the producer's own, or the broker's) is never
+retried and never resets the shared producer: nothing is wrong with the connection.
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ import threading
 
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAlreadyExistsError,
+)
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from tiergate.queue.schema import JobMessage
 from tiergate.settings import KafkaSettings
@@ -23,6 +35,31 @@ log = logging.getLogger("tiergate.pipeline")
 
 class QueueUnavailable(Exception):
     """The broker did not acknowledge in time."""
+
+
+class MessageTooLarge(QueueUnavailable):
+    """A job's message is over the queue's size limit: no retry can help. A subclass of
+    :class:`QueueUnavailable` so that a caller that only knows that one (the worker's
+    retry and dead-letter sends) still handles it; the gateway answers it with 413."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the job's message is {size} bytes, over the queue's limit of {limit} bytes"
+        )
+        self.size = size
+        self.limit = limit
+
+
+_SIZE_ERRORS = (MessageSizeTooLargeError, RecordListTooLargeError)
+
+
+def message_size(message: JobMessage) -> int:
+    """The size the producer counts against ``max_request_size`` for ``message`` (the
+    record batch kafka-python estimates for its key and value)."""
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+        message.id.encode(), message.model_dump_json().encode(), []
+    )
+    return size
 
 
 class JobQueue:
@@ -71,6 +108,7 @@ class JobQueue:
                         **self._settings.client_options(),
                         acks="all",
                         enable_idempotence=True,
+                        max_request_size=self._settings.max_request_size,
                         linger_ms=0,
                         max_block_ms=int(self._settings.request_timeout_seconds * 1000),
                         request_timeout_ms=int(self._settings.request_timeout_seconds * 1000),
@@ -89,11 +127,19 @@ class JobQueue:
             with contextlib.suppress(Exception):
                 producer.close(timeout=1)
 
+    def check_size(self, message: JobMessage) -> None:
+        """Raise :class:`MessageTooLarge` when ``message`` is over the producer's limit."""
+        size = message_size(message)
+        if size > self._settings.max_request_size:
+            raise MessageTooLarge(size, self._settings.max_request_size)
+
     def _send(self, topic: str, message: JobMessage) -> None:
         """Produce and wait for the broker's acknowledgement (``acks=all``): an answer here
         means the message is in the broker's storage. A first failure (a broker that
         restarted, topics that vanished with an in-memory broker) gets one more try on a
-        new producer after the topics are ensured; the second is the caller's 503."""
+        new producer after the topics are ensured; the second is the caller's 503. A
+        message over the size limit is :class:`MessageTooLarge` at once, the producer kept."""
+        self.check_size(message)
         for attempt in (1, 2):
             try:
                 if topic not in self._ensured:
@@ -104,6 +150,13 @@ class JobQueue:
                 )
                 future.get(timeout=self._settings.request_timeout_seconds)
                 return
+            except _SIZE_ERRORS as exc:
+                # The broker's own limit may be lower than the producer's: still the
+                # message's fault, not the connection's.
+                log.warning("produce to %s refused the message's size: %r", topic, exc)
+                raise MessageTooLarge(
+                    message_size(message), self._settings.max_request_size
+                ) from exc
             except (KafkaError, TimeoutError, QueueUnavailable) as exc:
                 log.warning("produce to %s failed (attempt %d): %r", topic, attempt, exc)
                 self._ensured.clear()

@@ -427,8 +427,72 @@ class JobStore:
     def put_upload(self, owner: str, upload_id: str, body: bytes) -> None:
         self._put(self._upload_key(owner, upload_id), body)
 
+    def put_upload_file(self, owner: str, upload_id: str, path: str) -> None:
+        """Store an upload from a file on disk, in parts of at most 8 MiB read from the
+        file as they are sent (``upload_file`` reads it lazily; ``upload_fileobj`` would
+        copy each part into memory), so that a large upload never sits whole in memory."""
+        key = self._upload_key(owner, upload_id)
+        config = TransferConfig(
+            multipart_threshold=8 * 1024 * 1024,
+            multipart_chunksize=8 * 1024 * 1024,
+            max_concurrency=2,
+        )
+
+        def put() -> None:
+            try:
+                self._s3.upload_file(path, self._bucket, key, Config=config)
+            except S3UploadFailedError as exc:
+                # boto3 wraps the ClientError; unwrapped, a vanished bucket is recreated
+                # and the write retried as any other.
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, ClientError | BotoCoreError):
+                    raise cause from None
+                log.warning("object storage: an upload failed: %s", exc)
+                raise StorageError("object storage refused a write") from exc
+
+        self._call("write", put)
+
     def has_upload(self, owner: str, upload_id: str) -> bool:
         return bool(self._list(self._upload_key(owner, upload_id), limit=1))
+
+    def upload_age(self, owner: str, upload_id: str) -> float | None:
+        """Seconds since the upload was stored (the store's clock), or None when it does
+        not exist (a HEAD: nothing is read)."""
+        key = self._upload_key(owner, upload_id)
+
+        def head() -> float | None:
+            try:
+                meta = self._s3.head_object(Bucket=self._bucket, Key=key)
+            except ClientError as exc:
+                if _missing(exc) or _status(exc) == 404:
+                    return None
+                raise
+            age: float = time.time() - meta["LastModified"].timestamp()
+            return age
+
+        return self._call("read", head)
+
+    def uploads(self, owner: str) -> list[tuple[str, int, float]]:
+        """(upload id, bytes, age in seconds) of each of ``owner``'s uploads."""
+        root = f"{self._prefix}uploads/{owner}/"
+        found: list[tuple[str, int, float]] = []
+        token: str | None = None
+        now = time.time()
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": root}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._call("listing", functools.partial(self._list_page, kwargs))
+            for item in page.get("Contents", []):
+                name = str(item["Key"]).removeprefix(root).removesuffix(".tar")
+                age = now - item["LastModified"].timestamp()
+                found.append((name, int(item["Size"]), age))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return found
+
+    def delete_upload(self, owner: str, upload_id: str) -> None:
+        self._delete(self._upload_key(owner, upload_id))
 
     def read_upload(self, owner: str, upload_id: str) -> bytes | None:
         """A starting workspace: only ever one the job's own owner uploaded."""

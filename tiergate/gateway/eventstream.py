@@ -1,0 +1,163 @@
+"""Job event streams (``GET /v1/jobs/{id}/events``) as the calling key's own cost.
+
+A stream is a loop of storage reads for as long as the client stays, so three things keep
+a key's streams from slowing every other tenant:
+
+- at most ``jobs.max_streams_per_key`` open at once per key on a gateway replica (the next
+  is a 429 ``rate_limit_exceeded`` naming the limit; counted in this process: a stream is
+  bound to the replica serving it, and a lease in Redis would outlive a crashed replica's
+  streams for no gain);
+- the polls back off while nothing happens: :data:`FIRST_POLL_SECONDS`, growing by
+  :data:`BACKOFF` to :data:`MAX_POLL_SECONDS`, back to the first as soon as an event comes;
+- they run on a bounded thread pool of their own (``jobs.stream_threads``, made in the
+  app's lifespan), never the default executor that creates, reads and uploads use: a
+  thousand streams queue behind each other, not in front of a submit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tiergate.gateway.auth import Caller
+from tiergate.gateway.errors import OpenAIError
+from tiergate.queue.schema import JobStatus
+from tiergate.queue.store import JobStore, StorageError
+
+TERMINAL_EVENTS = {f"job.{s.value}" for s in JobStatus if s.terminal}
+FIRST_POLL_SECONDS = 0.5
+MAX_POLL_SECONDS = 4.0
+BACKOFF = 1.5
+# A comment line after this long without an event keeps proxies from closing the stream.
+KEEPALIVE_SECONDS = 15.0
+
+Unavailable = Callable[[str, Exception], OpenAIError]
+
+
+def next_poll(delay: float, found: bool) -> float:
+    """The wait before the next read: the first again after events, else a longer one."""
+    return FIRST_POLL_SECONDS if found else min(MAX_POLL_SECONDS, delay * BACKOFF)
+
+
+class _SlotResponse(StreamingResponse):
+    """A stream that gives its key's slot back when it ends, however it ends (finished,
+    the client gone, the server stopping)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+class EventStreams:
+    """Opens and feeds one gateway replica's event streams."""
+
+    def __init__(
+        self, store: JobStore, pool: Executor, max_per_key: int, unavailable: Unavailable
+    ) -> None:
+        self._store = store
+        self._pool = pool
+        self._max_per_key = max_per_key
+        self._unavailable = unavailable
+        self._open: dict[str, int] = {}
+
+    def open_count(self, name: str) -> int:
+        return self._open.get(name, 0)
+
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _take(self, caller: Caller) -> Callable[[], None]:
+        held = self._open.get(caller.name, 0)
+        if held >= self._max_per_key:
+            raise OpenAIError(
+                429,
+                f"This key has {held} event streams open, its limit "
+                f"(jobs.max_streams_per_key: {self._max_per_key}); close one first.",
+                code="rate_limit_exceeded",
+                type_="rate_limit_error",
+                headers={"retry-after": "5"},
+            )
+        self._open[caller.name] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._open.get(caller.name, 1) - 1
+            if left > 0:
+                self._open[caller.name] = left
+            else:
+                self._open.pop(caller.name, None)
+
+        return release
+
+    async def open(self, caller: Caller, job_id: str, starting_after: int) -> StreamingResponse:
+        """The stream of ``job_id``'s events after ``starting_after`` (the job is the
+        caller's: the caller checked)."""
+        release = self._take(caller)
+        try:
+            # The first read happens before the response starts, so a store that is down is
+            # a 503 like every other route, not a 200 stream that breaks at once.
+            first = await self._read(self._store.events, job_id, starting_after)
+        except StorageError as exc:
+            release()
+            raise self._unavailable("store", exc) from exc
+        except BaseException:
+            release()
+            raise
+        return _SlotResponse(self._stream(job_id, starting_after, first), release)
+
+    async def _stream(
+        self, job_id: str, after: int, found: list[dict[str, Any]]
+    ) -> AsyncIterator[bytes]:
+        idle = 0.0
+        delay = FIRST_POLL_SECONDS
+        while True:
+            for event in found:
+                after = event["sequence_number"]
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                if event["type"] in TERMINAL_EVENTS:
+                    yield b"data: [DONE]\n\n"
+                    return
+            if found:
+                idle = 0.0
+            elif idle >= KEEPALIVE_SECONDS:
+                idle = 0.0
+                yield b": keep-alive\n\n"
+                # A finished job whose terminal event never came (its worker died in
+                # between; the next delivery writes it) must not hold the stream open.
+                try:
+                    if await self._read(self._store.final, job_id) is not None:
+                        yield b"data: [DONE]\n\n"
+                        return
+                except StorageError:
+                    pass
+            await asyncio.sleep(delay)
+            idle += delay
+            try:
+                found = await self._read(self._store.events, job_id, after)
+            except StorageError as exc:
+                # Mid-stream the status line is gone: say so in the stream, and the client
+                # resumes with starting_after.
+                err = self._unavailable("store", exc)
+                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
+                return
+            delay = next_poll(delay, bool(found))

@@ -1,0 +1,296 @@
+"""Workspace uploads (``POST /v1/jobs/workspaces``) as the calling key's own cost.
+
+An upload counts as one request against the key's requests per minute, as a job
+submission does. A key holds at most ``jobs.max_uploads_per_key`` live uploads and
+``jobs.upload_quota_bytes`` of them (429 ``upload_quota_exceeded`` past either, checked
+before the body is read, and again with its real size before it is stored). An upload
+lives ``jobs.upload_ttl_seconds``: after that no new job (or replay) may name it (400
+``upload_expired``), and it no longer counts against the quota.
+
+The body is never held in memory: it is read from the ASGI stream in chunks and written
+to a temporary file as it comes (413 once it is over ``jobs.max_upload_bytes``), the tar
+is checked from that file by streaming through its headers (``tarfile`` mode ``r|*``, the
+member list dropped as it goes: at most ``jobs.max_upload_members`` members whose sizes
+sum to at most ``jobs.max_upload_unpacked_bytes``, else 400 naming the limit), and the
+file is sent to object storage in parts. A refused upload stores nothing and counts for
+nothing in the quota. A replica receives at most ``jobs.max_concurrent_uploads`` at once
+(503 ``upload_capacity`` past it), which bounds its temporary directory.
+
+Expired uploads are deleted lazily, by this key's next upload, once they are also past a
+grace period (:meth:`Uploads.grace_seconds`) in which a job accepted just before the
+expiry can still start and be retried. For keys that stop uploading, the bucket can do the
+same with an S3 lifecycle rule on the uploads prefix, e.g. (``{prefix}`` is
+``jobs.storage.prefix``; rules count whole days, so round the TTL plus the grace up)::
+
+    {"Rules": [{"ID": "tiergate-uploads", "Status": "Enabled",
+                "Filter": {"Prefix": "{prefix}uploads/"},
+                "Expiration": {"Days": 2}}]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from fastapi import Request
+
+from tiergate.gateway.auth import Caller
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.queue.store import JobStore, StorageError
+from tiergate.settings import JobsSettings
+
+# Runs a store call in a thread; a StorageError becomes the 503 every jobs route answers.
+Storage = Callable[..., Awaitable[Any]]
+
+# Chunks from the ASGI stream are gathered to this size before one write to disk (in a
+# thread), so that a body of many small chunks costs few thread hops.
+_WRITE_BYTES = 1024 * 1024
+_UPLOAD_ID = re.compile(r"upl_[0-9a-f]{32}")
+
+
+@dataclass(frozen=True, slots=True)
+class TarSummary:
+    members: int
+    unpacked_bytes: int
+
+
+def check_tar(file: IO[bytes], max_members: int, max_unpacked: int) -> TarSummary:
+    """Walk the archive's headers once, from the start of ``file``, and refuse it (400) when
+    it is not a tar (plain, gzip, bzip2 or xz), has more than ``max_members`` members, or
+    their sizes sum to more than ``max_unpacked``. In stream mode tarfile still keeps each
+    member it read: the list is emptied as it goes, so memory stays flat whatever the
+    count."""
+    file.seek(0)
+    members = unpacked = 0
+    try:
+        with tarfile.open(fileobj=file, mode="r|*") as tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # type: ignore[attr-defined]  # (typeshed omits it)
+                members += 1
+                unpacked += max(member.size, 0)
+                if members > max_members:
+                    raise _tar_refused(
+                        f"The upload has more than {max_members} members, over this "
+                        f"installation's limit (jobs.max_upload_members: {max_members}).",
+                        "upload_too_many_members",
+                    )
+                if unpacked > max_unpacked:
+                    raise _tar_refused(
+                        f"The upload unpacks to more than {max_unpacked} bytes, over this "
+                        "installation's limit (jobs.max_upload_unpacked_bytes: "
+                        f"{max_unpacked}).",
+                        "upload_too_large_unpacked",
+                    )
+    except (tarfile.TarError, EOFError, OSError, ValueError):
+        # OSError/EOFError/ValueError: a gzip, bzip2 or xz stream that is cut short or
+        # corrupt inside an archive that started well.
+        raise _tar_refused(
+            "The upload is not a readable tar archive (plain, or gzip, bzip2 or xz compressed).",
+            "invalid_upload",
+        ) from None
+    if members == 0:
+        raise _tar_refused("The upload is a tar archive with no members.", "invalid_upload")
+    return TarSummary(members, unpacked)
+
+
+def _tar_refused(message: str, code: str) -> OpenAIError:
+    return OpenAIError(400, message, code=code)
+
+
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(
+        413,
+        f"The upload exceeds {limit} bytes, this installation's limit "
+        f"(jobs.max_upload_bytes: {limit}).",
+        code="request_too_large",
+    )
+
+
+class Uploads:
+    """Receives, checks, stores, deletes and looks up one gateway's workspace uploads."""
+
+    def __init__(
+        self, settings: JobsSettings, store: JobStore, gatekeeper: Gatekeeper, storage: Storage
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._gatekeeper = gatekeeper
+        self._storage = storage
+        # The sizes of each key's uploads this replica is receiving now (declared, then
+        # real): counted with the stored ones, so that parallel uploads from one key cannot
+        # all pass the quota at once.
+        self._receiving: dict[str, list[int]] = {}
+        self._active = 0
+
+    def grace_seconds(self) -> float:
+        """How long past its expiry an upload is kept: a job accepted just before the
+        expiry is started, or failed by the sweep, within two ``requeue_after_seconds``,
+        and runs (with its retries) for at most ``max_attempts`` times its timeout cap."""
+        jobs = self._settings
+        return 2 * jobs.requeue_after_seconds + (
+            jobs.worker.max_attempts * jobs.caps.timeout_seconds
+        )
+
+    # -- receiving --------------------------------------------------------------------------
+
+    async def receive(
+        self, caller: Caller, request: Request
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Take one upload for ``caller``: the answer's body and rate-limit headers, once it
+        is stored."""
+        s = self._settings
+        declared = request.headers.get("content-length")
+        expected = int(declared) if declared is not None and declared.isdigit() else 0
+        if expected > s.max_upload_bytes:
+            raise _too_large(s.max_upload_bytes)
+        upload_id = f"upl_{uuid.uuid4().hex}"
+        headers = await self._gatekeeper.count_request(caller, upload_id)
+        if self._active >= s.max_concurrent_uploads:
+            raise OpenAIError(
+                503,
+                f"This gateway is receiving {s.max_concurrent_uploads} uploads, its limit "
+                "(jobs.max_concurrent_uploads); retry shortly.",
+                code="upload_capacity",
+                type_="server_error",
+                headers={"retry-after": "2", **headers},
+            )
+        # Counted as being received before the quota is looked at, so that parallel uploads
+        # from one key each see the others.
+        receiving = self._receiving.setdefault(caller.name, [])
+        receiving.append(expected)
+        self._active += 1
+        try:
+            await self._check_quota(caller, headers)
+            with tempfile.NamedTemporaryFile(prefix="tiergate-upload-") as spool:
+                size = await self._spool(request, spool, s.max_upload_bytes)
+                if size == 0:
+                    raise OpenAIError(
+                        400,
+                        "The upload is empty: send a tar archive as the body.",
+                        code="invalid_upload",
+                    )
+                summary: TarSummary = await asyncio.to_thread(
+                    check_tar, spool, s.max_upload_members, s.max_upload_unpacked_bytes
+                )
+                receiving.remove(expected)
+                receiving.append(size)
+                expected = size
+                await self._check_quota(caller, headers)
+                await self._storage(self._store.put_upload_file, caller.name, upload_id, spool.name)
+        finally:
+            self._active -= 1
+            receiving.remove(expected)
+            if not receiving:
+                self._receiving.pop(caller.name, None)
+        answer = {
+            "id": upload_id,
+            "object": "workspace.upload",
+            "bytes": size,
+            "members": summary.members,
+            "expires_at": int(time.time() + s.upload_ttl_seconds),
+        }
+        return answer, headers
+
+    async def _spool(self, request: Request, spool: IO[bytes], limit: int) -> int:
+        """Copy the body to ``spool`` chunk by chunk; 413 as soon as it is over ``limit``."""
+        size = 0
+        pending = bytearray()
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            pending += chunk
+            if len(pending) >= _WRITE_BYTES:
+                await asyncio.to_thread(spool.write, pending)
+                pending = bytearray()
+        if pending:
+            await asyncio.to_thread(spool.write, pending)
+        await asyncio.to_thread(spool.flush)
+        return size
+
+    # -- the quota --------------------------------------------------------------------------
+
+    async def _check_quota(self, caller: Caller, headers: dict[str, str]) -> None:
+        """429 when ``caller``'s live uploads (stored, plus those this replica is receiving,
+        this one among them) are over its number or bytes; deletes the expired ones past
+        their grace on the way."""
+        stored: list[tuple[str, int, float]] = await self._storage(self._store.uploads, caller.name)
+        s = self._settings
+        ttl = s.upload_ttl_seconds
+        live = [size for _, size, age in stored if age < ttl]
+        receiving = self._receiving.get(caller.name, [])
+        count = len(live) + len(receiving)
+        total = sum(live) + sum(receiving)
+        if count > s.max_uploads_per_key:
+            raise _quota(
+                f"This key holds {s.max_uploads_per_key} live uploads, its limit "
+                f"(jobs.max_uploads_per_key: {s.max_uploads_per_key}).",
+                headers,
+            )
+        if total > s.upload_quota_bytes:
+            raise _quota(
+                f"This upload would take this key's live uploads to {total} bytes, over its "
+                f"quota (jobs.upload_quota_bytes: {s.upload_quota_bytes}).",
+                headers,
+            )
+        for name, _, age in stored:
+            if age >= ttl + self.grace_seconds():
+                with contextlib.suppress(StorageError):
+                    await asyncio.to_thread(self._store.delete_upload, caller.name, name)
+
+    # -- naming, deleting -------------------------------------------------------------------
+
+    async def check_named(self, caller: Caller, upload_id: str, status: int, param: str) -> None:
+        """Refuse (``status``) an upload a job names that this key does not have, or that
+        expired."""
+        age: float | None = await self._storage(self._store.upload_age, caller.name, upload_id)
+        if age is None:
+            raise OpenAIError(
+                status,
+                f"No workspace upload {upload_id!r} for this key (POST /v1/jobs/workspaces).",
+                param=param,
+                code="upload_not_found",
+            )
+        ttl = self._settings.upload_ttl_seconds
+        if age >= ttl:
+            raise OpenAIError(
+                status,
+                f"The workspace upload {upload_id!r} expired: an upload may be named by new "
+                f"jobs for {ttl:g} seconds (jobs.upload_ttl_seconds). Upload it again.",
+                param=param,
+                code="upload_expired",
+            )
+
+    async def delete(self, caller: Caller, upload_id: str) -> dict[str, Any]:
+        """Delete one of ``caller``'s uploads (freeing its quota); 404 when it has none by
+        that id. A job already accepted that names it fails when it starts."""
+        if not _UPLOAD_ID.fullmatch(upload_id) or (
+            await self._storage(self._store.upload_age, caller.name, upload_id) is None
+        ):
+            raise OpenAIError(
+                404,
+                f"No workspace upload {upload_id!r} for this key.",
+                param="upload_id",
+                code="upload_not_found",
+            )
+        await self._storage(self._store.delete_upload, caller.name, upload_id)
+        return {"id": upload_id, "object": "workspace.upload", "deleted": True}
+
+
+def _quota(message: str, headers: dict[str, str]) -> OpenAIError:
+    return OpenAIError(
+        429,
+        message + " Wait for one to expire, or delete one (DELETE /v1/jobs/workspaces/{id}).",
+        code="upload_quota_exceeded",
+        type_="rate_limit_error",
+        headers={"retry-after": "60", **headers},
+    )
