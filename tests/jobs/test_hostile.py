@@ -11,7 +11,7 @@ import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
-from tests.jobs.unprivileged import delegated, start_worker
+from tests.jobs.unprivileged import delegated, memory_capped, start_worker
 from tests.jobstack import jobs_stack
 from tests.servers import free_port
 
@@ -52,7 +52,10 @@ def test_hostile_jobs_end_and_the_next_job_completes(
 ) -> None:
     model.behaviour.replies = ["```bash\necho ok > ok.txt\n```", "DONE"]
     health = free_port()
-    with jobs_stack(broker, s3, model, tmp_path, jobs={"kafka": {"partitions": 1}}) as stack:
+    # Two slots: the normal job may run beside a hostile one.
+    with jobs_stack(
+        broker, s3, model, tmp_path, jobs={"kafka": {"partitions": 2}}, worker={"concurrency": 2}
+    ) as stack:
         jobs = stack.jobs.model_copy(deep=True)
         jobs.worker.metrics_host = "127.0.0.1"
         jobs.worker.metrics_port = health
@@ -70,6 +73,14 @@ def test_hostile_jobs_end_and_the_next_job_completes(
             "fork bomb": {"setup": [":(){ :|:& };:"], "limits": {**small, "timeout_seconds": 8}},
             "output bomb": {"setup": ["head -c 2000000000 /dev/zero | tr '\\0' x"]},
             "disk bomb": {"setup": ["head -c 100000000 /dev/zero > big"]},
+            # Files each under the file size limit, together over the disk limit; then
+            # empty files, which cost inodes: both stopped while the command runs.
+            "many files bomb": {
+                "setup": ["i=0; while :; do head -c 4000000 /dev/zero > f$i; i=$((i+1)); done"]
+            },
+            "inode bomb": {
+                "setup": ["python3 -c \"[open(f'f{i}', 'w').close() for i in range(10**7)]\""]
+            },
         }
         ids = {}
         for name, extra in hostile.items():
@@ -79,20 +90,28 @@ def test_hostile_jobs_end_and_the_next_job_completes(
 
         with delegated(jobs) as unprivileged:
             worker = start_worker(unprivileged, tmp_path / "worker.log")
-            try:
+            # The worker in a 2 GiB memory cgroup, as a pod's limit would hold it: it must
+            # come through every hostile job alive.
+            with memory_capped(worker, unprivileged, 2048):
                 done = stack.wait(normal, lambda j: j["status"] in TERMINAL, timeout=240)
                 assert done["status"] == "completed", (done, (tmp_path / "worker.log").read_text())
-                assert worker.poll() is None, "the worker died"
-                assert httpx.get(f"http://127.0.0.1:{health}/healthz").status_code == 200
                 finals = {
-                    name: stack.wait(i, lambda j: j["status"] in TERMINAL)
+                    name: stack.wait(i, lambda j: j["status"] in TERMINAL, timeout=240)
                     for name, i in ids.items()
                 }
+                assert worker.poll() is None, "the worker died"
+                assert httpx.get(f"http://127.0.0.1:{health}/healthz").status_code == 200
                 metrics = httpx.get(f"http://127.0.0.1:{health}/metrics").text
-            finally:
                 worker.terminate()
                 worker.wait(30)
-        for name in ("file and directory", "memory bomb", "fork bomb", "disk bomb"):
+        for name in ("many files bomb", "inode bomb"):
+            assert "the command was stopped" in finals[name]["error"]["message"], finals[name]
+        assert "disk limit" in finals["many files bomb"]["error"]["message"]
+        assert "files and directories" in finals["inode bomb"]["error"]["message"] or (
+            "disk limit" in finals["inode bomb"]["error"]["message"]  # 4 KiB blocks each
+        )
+        failing = ("file and directory", "memory bomb", "fork bomb", "disk bomb")
+        for name in (*failing, "many files bomb", "inode bomb"):
             assert finals[name]["status"] == "failed", (name, finals[name])
             assert finals[name]["error"]["code"] == "sandbox", (name, finals[name])
         # The output bomb's command succeeded; what came back of it was bounded.
@@ -101,8 +120,8 @@ def test_hostile_jobs_end_and_the_next_job_completes(
         assert "characters cut" in trajectory and len(trajectory) < 50_000
         events = httpx.get(f"{stack.base}/v1/jobs/{ids['memory bomb']}/events").text
         assert "job.failed" in events
-        assert 'tiergate_jobs_finished_total{reason="sandbox",status="failed"} 4.0' in metrics
+        assert 'tiergate_jobs_finished_total{reason="sandbox",status="failed"} 6.0' in metrics
         assert 'tiergate_jobs_finished_total{reason="ok",status="completed"} 2.0' in metrics
-        assert 'tiergate_jobs_sandbox_seconds_count{phase="setup"} 4.0' in metrics
+        assert 'tiergate_jobs_sandbox_seconds_count{phase="setup"} 6.0' in metrics
         steps = sum(j["steps"] for j in finals.values()) + done["steps"]
         assert f"tiergate_jobs_step_seconds_count {float(steps)}" in metrics

@@ -56,6 +56,30 @@ def delegated(jobs: JobsSettings) -> Iterator[JobsSettings]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@contextmanager
+def memory_capped(proc: subprocess.Popen[bytes], jobs: JobsSettings, mb: int) -> Iterator[Path]:
+    """``proc`` (a worker started by :func:`start_worker`) in a memory cgroup of ``mb`` MiB
+    of its own, as a pod's memory limit holds it: whatever it allocates beyond that, the
+    kernel kills it. Its jobs' processes leave it for their own cgroups (on v2 both are
+    below the delegated parent, as the kernel requires for a move). Yields the cgroup."""
+    if (CGROUP / "cgroup.controllers").exists():
+        path = CGROUP / jobs.sandbox.cgroup_parent / "worker"
+        limit, procs = "memory.max", "cgroup.procs"
+    else:
+        path = CGROUP / "memory" / f"tiergate-worker-{uuid.uuid4().hex[:8]}"
+        limit, procs = "memory.limit_in_bytes", "cgroup.procs"
+    path.mkdir()
+    try:
+        (path / limit).write_text(str(mb * 1024 * 1024))
+        (path / procs).write_text(str(proc.pid))
+        yield path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        path.rmdir()
+
+
 def start_worker(jobs: JobsSettings, log: Path) -> subprocess.Popen[bytes]:
     """``tiergate worker`` as uid 65534, configured by ``TIERGATE_JOBS``."""
     env = {

@@ -117,6 +117,22 @@ def store_artifacts(
         archive.unlink(missing_ok=True)
 
 
+def unpack_upload(
+    store: JobStore, owner: str, upload_id: str, sandbox: Sandbox, max_bytes: int
+) -> bool:
+    """Unpack the owner's upload into the workspace: fetched to a file beside the workspace
+    (not in it) a chunk at a time, which :meth:`Sandbox.extract` reads a block at a time,
+    then removed; False when the upload no longer exists."""
+    path = sandbox.root / "upload.tar"
+    try:
+        if not store.read_upload_to(owner, upload_id, path):
+            return False
+        sandbox.extract(path, max_bytes=max_bytes)
+        return True
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[Verdict, str]:
     """A verifier that ran and judged (any exit status below 126, a wrong answer included)
     shows the environment works; 126 and up (not executable, not found, killed by a signal)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiergate.envs.registry import Registry
-from tiergate.queue.jobsandbox import read_reward
+from tiergate.queue.jobsandbox import read_reward, unpack_upload
 from tiergate.queue.schema import (
     Job,
     JobCreate,
@@ -152,15 +152,13 @@ def prepare_workspace(
     store: JobStore, owner: str, spec: JobCreate, sandbox: Sandbox, disk: int
 ) -> None:
     """The initial workspace, as :meth:`JobRunner._run` builds it for the original."""
-    if spec.workspace.upload_id:
-        archive = store.read_upload(owner, spec.workspace.upload_id)
-        if archive is None:
-            raise ReplayRefused(
-                "upload_missing",
-                f"the original's workspace upload {spec.workspace.upload_id} no longer "
-                "exists: a replay needs the same initial workspace",
-            )
-        sandbox.extract(archive, max_bytes=disk)
+    upload = spec.workspace.upload_id
+    if upload and not unpack_upload(store, owner, upload, sandbox, disk):
+        raise ReplayRefused(
+            "upload_missing",
+            f"the original's workspace upload {upload} no longer exists: a replay needs "
+            "the same initial workspace",
+        )
     sandbox.write_files(spec.workspace.files or {})
     sandbox.check_disk(disk)
 

@@ -40,6 +40,7 @@ from tiergate.queue.jobsandbox import (
     EarlySandbox,
     read_reward,
     store_artifacts,
+    unpack_upload,
     verifier_verdict,
 )
 from tiergate.queue.lifecycle import JobLifecycle
@@ -288,11 +289,10 @@ class JobRunner:
         trajectory: list[dict[str, Any]] = []
         model = self._model_client(message)
         try:
-            if spec.workspace.upload_id:
-                archive = self._store.read_upload(message.owner, spec.workspace.upload_id)
-                if archive is None:
-                    raise SandboxError("the workspace upload no longer exists")
-                sandbox.extract(archive, max_bytes=disk)
+            if spec.workspace.upload_id and not unpack_upload(
+                self._store, message.owner, spec.workspace.upload_id, sandbox, disk
+            ):
+                raise SandboxError("the workspace upload no longer exists")
             sandbox.write_files(spec.workspace.files or {})
             sandbox.check_disk(disk)
             for command in spec.setup:

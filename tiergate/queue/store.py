@@ -29,6 +29,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -387,7 +388,12 @@ class JobStore:
     def put_artifact_file(self, job_id: str, name: str, path: Path) -> None:
         """Store an artifact from a file on disk (the workspace's archive, up to the job's
         disk limit), streamed: multipart above 8 MiB, never whole in memory."""
-        key = self._key(job_id, ARTIFACTS[name])
+        self._put_file(self._key(job_id, ARTIFACTS[name]), path)
+
+    def _put_file(self, key: str, path: Path) -> None:
+        """Store ``key`` from the file ``path`` in parts of at most 8 MiB read from the
+        file as they are sent (``upload_file`` reads it lazily; ``upload_fileobj`` would
+        copy each part into memory): never whole in memory."""
 
         def put() -> None:
             try:
@@ -398,10 +404,29 @@ class JobStore:
                 cause = exc.__cause__ or exc.__context__
                 if isinstance(cause, ClientError | BotoCoreError):
                     raise cause from None
-                log.warning("object storage: an artifact upload failed: %s", exc)
+                log.warning("object storage: a multipart write failed: %s", exc)
                 raise StorageError("object storage refused a write") from exc
 
         self._call("write", put)
+
+    def _get_file(self, key: str, path: Path) -> bool:
+        """Write ``key`` to the file ``path`` a chunk at a time; False when it is not
+        stored."""
+
+        def get() -> bool:
+            try:
+                body = self._s3.get_object(Bucket=self._bucket, Key=key)["Body"]
+            except ClientError as exc:
+                if _missing(exc):
+                    return False
+                raise
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                for chunk in body.iter_chunks(1024 * 1024):
+                    out.write(chunk)
+            return True
+
+        return self._call("read", get)
 
     def read_artifact(self, job_id: str, name: str) -> bytes | None:
         """A job's artifact (one of :data:`ARTIFACTS`), or None when it was never stored."""
@@ -428,29 +453,8 @@ class JobStore:
         self._put(self._upload_key(owner, upload_id), body)
 
     def put_upload_file(self, owner: str, upload_id: str, path: str) -> None:
-        """Store an upload from a file on disk, in parts of at most 8 MiB read from the
-        file as they are sent (``upload_file`` reads it lazily; ``upload_fileobj`` would
-        copy each part into memory), so that a large upload never sits whole in memory."""
-        key = self._upload_key(owner, upload_id)
-        config = TransferConfig(
-            multipart_threshold=8 * 1024 * 1024,
-            multipart_chunksize=8 * 1024 * 1024,
-            max_concurrency=2,
-        )
-
-        def put() -> None:
-            try:
-                self._s3.upload_file(path, self._bucket, key, Config=config)
-            except S3UploadFailedError as exc:
-                # boto3 wraps the ClientError; unwrapped, a vanished bucket is recreated
-                # and the write retried as any other.
-                cause = exc.__cause__ or exc.__context__
-                if isinstance(cause, ClientError | BotoCoreError):
-                    raise cause from None
-                log.warning("object storage: an upload failed: %s", exc)
-                raise StorageError("object storage refused a write") from exc
-
-        self._call("write", put)
+        """Store an upload from a file on disk, streamed (see :meth:`_put_file`)."""
+        self._put_file(self._upload_key(owner, upload_id), Path(path))
 
     def has_upload(self, owner: str, upload_id: str) -> bool:
         return bool(self._list(self._upload_key(owner, upload_id), limit=1))
@@ -497,3 +501,8 @@ class JobStore:
     def read_upload(self, owner: str, upload_id: str) -> bytes | None:
         """A starting workspace: only ever one the job's own owner uploaded."""
         return self._get(self._upload_key(owner, upload_id))
+
+    def read_upload_to(self, owner: str, upload_id: str, path: Path) -> bool:
+        """:meth:`read_upload` into the file ``path``, a chunk at a time (an upload may be
+        as large as ``jobs.max_upload_bytes``); False when it does not exist."""
+        return self._get_file(self._upload_key(owner, upload_id), path)
