@@ -8,7 +8,6 @@ import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -36,6 +35,12 @@ from tiergate.gateway.opsroutes import register_ops_routes
 from tiergate.gateway.proxy import CompletionsProxy
 from tiergate.gateway.routes import ROUTES, Route
 from tiergate.gateway.serving import BodyReadDeadline
+from tiergate.gateway.state import (
+    GatewayState,
+    built_gateway_state,
+    gateway_state,
+    install_gateway_state,
+)
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
 from tiergate.gateway.upstreamhttp import UpstreamClient
 from tiergate.queue.pipeline import JobQueue
@@ -44,20 +49,6 @@ from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
 log = logging.getLogger("tiergate.gateway")
-
-
-@dataclass(slots=True)
-class GatewayState:
-    """Everything a route may use; built once per app in the lifespan."""
-
-    settings: Settings
-    session: aiohttp.ClientSession
-    pools: dict[Tier, TierPool]
-    metrics: GatewayMetrics
-    proxy: CompletionsProxy
-    gatekeeper: Gatekeeper
-    evidence: TierEvidence
-    jobs: JobsAPI | None = None
 
 
 PROXIED_PATHS = frozenset(ROUTES)
@@ -134,11 +125,6 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _state(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.gateway
-    return state
-
-
 def create_app(settings: Settings) -> FastAPI:
     """Build the gateway for a settings tree; nothing starts until the app's lifespan."""
 
@@ -168,9 +154,8 @@ def create_app(settings: Settings) -> FastAPI:
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         upstream = UpstreamClient(keepalive_seconds=UPSTREAM_KEEPALIVE_SECONDS)
         proxy = CompletionsProxy(settings, pools, upstream, metrics, gatekeeper, access_log)
-        app.state.gateway = GatewayState(
-            settings, session, pools, metrics, proxy, gatekeeper, evidence
-        )
+        state = GatewayState(settings, session, pools, metrics, proxy, gatekeeper, evidence)
+        install_gateway_state(app, state)
         queue: JobQueue | None = None
         stream_pool: ThreadPoolExecutor | None = None
         if settings.jobs.enabled:
@@ -180,7 +165,7 @@ def create_app(settings: Settings) -> FastAPI:
             stream_pool = ThreadPoolExecutor(
                 max_workers=settings.jobs.stream_threads, thread_name_prefix="job-events"
             )
-            app.state.gateway.jobs = JobsAPI(
+            state.jobs = JobsAPI(
                 settings.jobs,
                 store,
                 queue,
@@ -192,7 +177,7 @@ def create_app(settings: Settings) -> FastAPI:
         for pool in pools.values():
             await pool.start()
         if isinstance(app, GatewayApp):
-            app.hot_path = _hot_path(app.state.gateway, settings.gateway.body_read_timeout_seconds)
+            app.hot_path = _hot_path(state, settings.gateway.body_read_timeout_seconds)
         # What start-up built (settings, the OpenAPI models, the pools) lives as long as the
         # process: out of the collector's sight, a collection no longer walks it while a
         # request waits (the cyclic collector runs every few requests).
@@ -248,7 +233,7 @@ def create_app(settings: Settings) -> FastAPI:
         # description (and a fuzzer reading it) can reach the backends; only without keys,
         # when anyone may list the models anyway: the description is served to anyone.
         schema = FastAPI.openapi(app)
-        state: GatewayState | None = getattr(app.state, "gateway", None)
+        state = built_gateway_state(app)
         names = (
             sorted({c["id"] for c in _model_cards(state)})
             if state is not None and not settings.auth.enabled
@@ -296,7 +281,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     async def list_models(request: Request) -> Response:
         """Models served by any tier (that the key may use), each with the tiers serving it."""
-        state = _state(request)
+        state = gateway_state(request)
         caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
         cards = [c for c in _model_cards(state) if caller.may_use_model(c["id"])]
         return _json({"object": "list", "data": cards})
@@ -310,7 +295,7 @@ def create_app(settings: Settings) -> FastAPI:
         },
     )
     async def get_model(model_id: str, request: Request) -> Response:
-        state = _state(request)
+        state = gateway_state(request)
         caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
         for card in _model_cards(state):
             if not caller.may_use_model(card["id"]):
@@ -329,7 +314,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def list_tiers(request: Request) -> Response:
         """What each tier runs, and for the fast tier the measured speedup, parity verdict,
         when and on what hardware it was decided."""
-        state = _state(request)
+        state = gateway_state(request)
         state.gatekeeper.authenticate(request.headers.get("authorization"))
         return _json(state.evidence.describe())
 
@@ -341,7 +326,7 @@ def _register_proxied(app: FastAPI, route: Route, max_tokens_limit: int) -> None
     :class:`GatewayApp` does not take (it serves matching POSTs itself)."""
 
     async def proxied(request: Request) -> Response:
-        return await _state(request).proxy.handle(request, route.path)
+        return await gateway_state(request).proxy.handle(request, route.path)
 
     proxied.__doc__ = (
         f"{route.summary}; ``service_tier`` or ``X-Tiergate-Tier`` picks the tier, as for chat."

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI
+from tiergate.gateway.state import gateway_state
 from tiergate.queue.schema import JobCreate
 
 # The job's schema with its nested models under the description's components/schemas.
@@ -24,7 +25,7 @@ def add_job_components(schema: dict[str, Any]) -> None:
 
 def register_job_routes(app: FastAPI) -> None:
     def api(request: Request) -> JobsAPI:
-        jobs: JobsAPI | None = request.app.state.gateway.jobs
+        jobs = gateway_state(request).jobs
         if jobs is None:
             raise OpenAIError(
                 404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import orjson
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import PlainTextResponse, Response
 
+from tiergate.gateway.state import GatewayState, gateway_state
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
-
-if TYPE_CHECKING:
-    from tiergate.gateway.app import GatewayState
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -41,8 +37,7 @@ def register_ops_routes(app: FastAPI, settings: Settings) -> None:
         with retry-after), so it stays ready while a tier is down: a vLLM rollout must not
         take every gateway replica out of its Service. The body tells whether the tiers can
         serve (``tiers_serving``) and each tier's health; the status code does not."""
-        state: GatewayState = request.app.state.gateway
-        serving, tiers = tiers_serving(state)
+        serving, tiers = tiers_serving(gateway_state(request))
         return _json({"ready": True, "tiers_serving": serving, "tiers": tiers})
 
     if settings.gateway.metrics_port is not None:
@@ -55,5 +50,5 @@ def register_ops_routes(app: FastAPI, settings: Settings) -> None:
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
     )
     async def metrics(request: Request) -> Response:
-        registry = request.app.state.gateway.metrics.registry
+        registry = gateway_state(request).metrics.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
