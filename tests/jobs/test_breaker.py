@@ -22,9 +22,9 @@ from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tiergate.envs.build import Built
 from tiergate.envs.registry import Registry
+from tiergate.protocol import JobCreate
 from tiergate.queue.breaker import Breaker, BreakerBoard, command
 from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.schema import JobCreate
 from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 

@@ -18,7 +18,7 @@ import yaml
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tiergate.local.servers import ObjectStore, Server
-from tiergate.queue.schema import Job
+from tiergate.protocol import Job
 from tiergate.queue.store import JobStore, StorageError
 
 JOBS = 50

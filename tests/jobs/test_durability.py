@@ -15,10 +15,10 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tests.servers import free_port, running_gateway
 from tiergate.local.servers import ObjectStore, Server
+from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.runner import JobRunner
-from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 from tiergate.queue.sweep import sweep
 from tiergate.queue.worker import Worker

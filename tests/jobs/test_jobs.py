@@ -15,9 +15,9 @@ from kafka import KafkaConsumer
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tiergate.gateway.auth import new_key
+from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.runner import JobRunner
-from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"

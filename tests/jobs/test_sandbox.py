@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.archives import tar_of
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import JobLimits
 from tiergate.sandbox import LimitsUnavailable, Sandbox, SandboxError, probe_limits
 from tiergate.settings import SandboxSettings
 
@@ -218,7 +218,7 @@ def test_sandbox_needs_limits_unless_allowed(tmp_path: Path) -> None:
 
 _DELEGATED_WORKER = """
 import json, os, sys
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, probe_limits
 from tiergate.settings import SandboxSettings
 

@@ -31,8 +31,8 @@ from tests.jobs.archives import tar_of
 from tests.jobstack import JobsStack, jobs_stack, jobs_tree
 from tiergate.gateway.auth import new_key
 from tiergate.gateway.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
+from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge
-from tiergate.queue.schema import JobCreate, JobMessage
 from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 

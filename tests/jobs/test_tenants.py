@@ -21,8 +21,8 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
+from tiergate.protocol import JobLimits
 from tiergate.queue.breaker import BreakerBoard
-from tiergate.queue.schema import JobLimits
 from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings

@@ -21,7 +21,7 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, probe_limits, seccomp
 from tiergate.sandbox.bwrap import command_argv
 from tiergate.sandbox.errors import SeccompUnavailable

@@ -29,7 +29,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, field_validator
 
-from tiergate.queue.schema import ENVIRONMENT_PATTERN
+from tiergate.protocol import ENVIRONMENT_PATTERN
 
 # 2023-11-14T22:13:20Z: any fixed value works; a fixed one makes builds repeatable.
 DEFAULT_EPOCH = 1_700_000_000

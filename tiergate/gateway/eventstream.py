@@ -27,10 +27,9 @@ from starlette.types import Receive, Scope, Send
 
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
-from tiergate.queue.schema import JobStatus
+from tiergate.protocol import TERMINAL_EVENTS
 from tiergate.queue.store import JobStore, StorageError
 
-TERMINAL_EVENTS = {f"job.{s.value}" for s in JobStatus if s.terminal}
 FIRST_POLL_SECONDS = 0.5
 MAX_POLL_SECONDS = 4.0
 BACKOFF = 1.5

@@ -11,7 +11,7 @@ from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.state import gateway_state
-from tiergate.queue.schema import JobCreate
+from tiergate.protocol import JobCreate
 
 # The job's schema with its nested models under the description's components/schemas.
 _JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -32,10 +32,9 @@ from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.gateway.uploads import Uploads
+from tiergate.protocol import Job, JobCreate, JobMessage
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
-from tiergate.queue.replay import REPLAYABLE
-from tiergate.queue.schema import Job, JobCreate, JobMessage
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 from tiergate.tiers import UnknownTierError, parse_requested_tier
@@ -269,7 +268,7 @@ class JobsAPI:
                 param="job_id",
                 code="job_not_finished",
             )
-        if original.status not in REPLAYABLE or original.kind == "replay":
+        if not original.status.replayable or original.kind == "replay":
             why = "it is itself a replay" if original.kind == "replay" else "it was cancelled"
             raise OpenAIError(
                 409,

@@ -11,7 +11,7 @@ from tiergate.jobsclient.errors import (
 )
 from tiergate.jobsclient.models import Job, JobEvent, JobList
 from tiergate.jobsclient.sync import JobsClient
-from tiergate.queue.schema import JobCreate, JobStatus
+from tiergate.protocol import JobCreate, JobStatus
 
 __all__ = [
     "AsyncJobsClient",

@@ -13,7 +13,7 @@ from httpx_sse import aconnect_sse
 from tiergate.jobsclient import wire
 from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
 from tiergate.jobsclient.models import Job, JobEvent, JobList
-from tiergate.queue.schema import JobCreate
+from tiergate.protocol import JobCreate
 
 T = TypeVar("T")
 EventCallback = Callable[[JobEvent], Awaitable[None] | None]

@@ -18,7 +18,7 @@ import orjson
 from tiergate import __version__
 from tiergate.jobsclient.errors import JobsAPIError, JobsStreamError
 from tiergate.jobsclient.models import JobEvent
-from tiergate.queue.schema import JobCreate
+from tiergate.protocol import JobCreate
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BASE_URL_ENV = "TIERGATE_BASE_URL"

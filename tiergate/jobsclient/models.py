@@ -1,47 +1,29 @@
 """Typed answers of the jobs API. Unknown fields are kept (``extra="allow"``), so a newer
-gateway's additions reach the caller; the job's status and result are the gateway's own
-models (:mod:`tiergate.queue.schema`)."""
+gateway's additions reach the caller; the job is the gateway's own model
+(:class:`tiergate.protocol.Job`), extended with what only its owner is sent."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from tiergate.queue.schema import JobResult, JobStatus, ReplayReport
-
-TERMINAL_STATUSES = frozenset(s.value for s in JobStatus if s.terminal)
-TERMINAL_EVENTS = frozenset(f"job.{s}" for s in TERMINAL_STATUSES)
+from tiergate import protocol
+from tiergate.protocol import TERMINAL_EVENTS, JobStatus
 
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Job(_Open):
+class Job(protocol.Job):
     """``GET /v1/jobs/{id}``: a job as its owner sees it."""
 
-    id: str
-    object: str = "job"
-    status: JobStatus
-    model: str
-    service_tier: str
-    created_at: int
-    started_at: int | None = None
-    completed_at: int | None = None
-    steps: int = 0
-    attempts: int = 0
-    result: JobResult | None = None
-    error: dict[str, Any] | None = None
-    incomplete_details: dict[str, str] | None = None
-    cancel_requested_at: int | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
+    model_config = ConfigDict(extra="allow")
+
+    # The gateway never sends these (the owner is the caller): optional here, never dumped.
+    owner: str = Field("", exclude=True)
+    created_ms: int = Field(0, exclude=True)
     # Presigned URLs: trajectory, workspace, verifier_log, result (once they exist).
     artifacts: dict[str, str] = Field(default_factory=dict)
-    # ``replay``: an earlier job (``replay_of``) run again without the model; its report.
-    kind: str = "agent"
-    replay_of: str | None = None
-    replay: ReplayReport | None = None
 
     @property
     def terminal(self) -> bool:

@@ -17,7 +17,7 @@ from tiergate.jobsclient.base import Follow, Options, check, idempotency_headers
 from tiergate.jobsclient.base import options as make_options
 from tiergate.jobsclient.errors import JobsConnectionError, JobsTimeout
 from tiergate.jobsclient.models import Job, JobEvent, JobList
-from tiergate.queue.schema import JobCreate
+from tiergate.protocol import JobCreate
 
 T = TypeVar("T")
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)

@@ -193,14 +193,14 @@ def task_subset(limit: int | None) -> list[Task]:
 def passes(task: Task, text: str) -> bool:
     if task.test is None:
         return task.check(text)
-    from tiergate.queue.schema import JobLimits
+    from tiergate.protocol import SandboxLimits
     from tiergate.sandbox import Sandbox
     from tiergate.settings import SandboxSettings
 
     # Model-written code runs in the job sandbox: no network, limits, unprivileged.
     box = Sandbox(
         f"parity-{uuid.uuid4().hex[:8]}",
-        JobLimits(memory_mb=256),
+        SandboxLimits(memory_mb=256),
         # Limits when the machine allows a cgroup (root, or a delegated one); a developer's
         # unprivileged tuning run keeps the rlimits and the isolation without.
         SandboxSettings(work_dir="/tmp/tiergate-parity", allow_unlimited=True),

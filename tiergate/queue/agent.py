@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import httpx
 
+from tiergate.protocol import CommandEntry, TrajectoryEntry
 from tiergate.sandbox import Sandbox
 
 TEXT_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
@@ -135,7 +136,7 @@ StopReason = Literal["done", "max_steps", "timeout", "cancelled"]
 class AgentRun:
     steps: int = 0
     stop: StopReason = "done"
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    trajectory: list[TrajectoryEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -147,7 +148,7 @@ class AgentLoop:
     deadline: float
     protocol: Literal["text", "tools"] = "text"
     cancelled: Callable[[], bool] = lambda: False
-    on_step: Callable[[dict[str, Any]], None] = lambda step: None
+    on_step: Callable[[CommandEntry], None] = lambda step: None
 
     def run(self) -> AgentRun:
         run = AgentRun()
@@ -200,7 +201,7 @@ class AgentLoop:
                 continue
             run.steps += 1
             result = self.sandbox.run(command, timeout=max(1.0, remaining))
-            entry = {
+            entry: CommandEntry = {
                 "type": "command",
                 "step": run.steps,
                 "command": command,

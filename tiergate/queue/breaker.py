@@ -66,8 +66,8 @@ from typing import Any, Literal
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
+from tiergate.protocol import ENVIRONMENT_PATTERN
 from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.schema import ENVIRONMENT_PATTERN
 from tiergate.queue.store import JobStore, StorageError, _conflict, _missing
 from tiergate.settings import JobsSettings
 

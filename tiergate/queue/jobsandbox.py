@@ -8,10 +8,9 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
+from tiergate.protocol import JobLimits, JobMessage, TrajectoryEntry
 from tiergate.queue.breaker import Verdict
-from tiergate.queue.schema import JobLimits, JobMessage
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings
@@ -101,7 +100,7 @@ def store_artifacts(
     store: JobStore,
     job_id: str,
     sandbox: Sandbox,
-    trajectory: list[dict[str, Any]],
+    trajectory: list[TrajectoryEntry],
     verifier_log: str | None,
 ) -> None:
     lines = "".join(json.dumps(entry, default=str) + "\n" for entry in trajectory)

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tiergate.queue.schema import Job, JobCreate, JobMessage, JobResult, JobStatus
+from tiergate.protocol import CommandEntry, Job, JobCreate, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 
 log = logging.getLogger("tiergate.jobs")
@@ -149,7 +149,7 @@ class JobLifecycle:
         job.environment_digest = digest
         self._store.put_status(job)
 
-    def step(self, job: Job, entry: dict[str, Any]) -> None:
+    def step(self, job: Job, entry: CommandEntry) -> None:
         self.settle(job.id)
         job.steps = entry["step"]
         self._store.put_status(job)

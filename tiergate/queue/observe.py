@@ -17,7 +17,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "incomplete"})
+from tiergate.protocol import TERMINAL_STATUSES
+
 SANDBOX_PHASES = frozenset({"setup", "command", "verifier"})
 # Reasons are free short codes ("ok", "sandbox", "model_refused", "transient_failures",
 # "crashed_workers", "invalid_job", "internal", "cancelled", "max_steps", "timeout", ...)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tiergate.envs.registry import Registered, Registry
+from tiergate.protocol import Job, JobMessage
 from tiergate.queue.breaker import Breaker, BreakerBoard
-from tiergate.queue.schema import Job, JobMessage
 from tiergate.queue.store import JobStore, StorageError
 
 _T = TypeVar("_T")

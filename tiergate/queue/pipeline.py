@@ -27,7 +27,7 @@ from kafka.errors import (
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from tiergate.queue.schema import JobMessage
+from tiergate.protocol import JobMessage
 from tiergate.settings import KafkaSettings
 
 log = logging.getLogger("tiergate.pipeline")

@@ -37,23 +37,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiergate.envs.registry import Registry
-from tiergate.queue.jobsandbox import read_reward, unpack_upload
-from tiergate.queue.schema import (
+from tiergate.protocol import (
+    CommandEntry,
     Job,
     JobCreate,
     JobResult,
-    JobStatus,
     Pair,
+    ReplayedCommand,
     ReplayReport,
     ReplayStep,
     ReplayVerifier,
+    TrajectoryEntry,
 )
+from tiergate.queue.jobsandbox import read_reward, unpack_upload
 from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox
-
-# The statuses a replay can start from (with a trajectory: a job that failed before its
-# agent ran has none). A cancelled job stopped part-way through on purpose: not replayed.
-REPLAYABLE = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INCOMPLETE})
 
 
 class ReplayRefused(Exception):
@@ -126,7 +124,7 @@ def plan_replay(
     original = store.final(original_id)
     if original is None or original.owner != owner:
         raise ReplayRefused("original_not_found", f"no finished job {original_id!r}")
-    if original.status not in REPLAYABLE or original.kind == "replay":
+    if not original.status.replayable or original.kind == "replay":
         raise ReplayRefused(
             "job_not_replayable", f"job {original_id} ended {original.status.value}"
         )
@@ -182,7 +180,7 @@ def _compare(
 @dataclass
 class ReplayRun:
     report: ReplayReport
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    trajectory: list[TrajectoryEntry] = field(default_factory=list)
     verifier_log: str | None = None
     result: JobResult | None = None
     cancelled: bool = False
@@ -202,7 +200,7 @@ class Replay:
     deadline: float
     disk: int
     cancelled: Callable[[], bool] = lambda: False
-    on_step: Callable[[dict[str, Any]], None] = lambda entry: None
+    on_step: Callable[[CommandEntry], None] = lambda entry: None
 
     def run(self) -> ReplayRun:
         report = ReplayReport(
@@ -239,7 +237,7 @@ class Replay:
                 result.seconds,
             )
             report.steps.append(step)
-            replayed = {
+            replayed: ReplayedCommand = {
                 "type": "command",
                 "step": len(report.steps),
                 "command": entry["command"],

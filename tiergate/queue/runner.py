@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
+from tiergate.protocol import CommandEntry, Job, JobMessage, JobResult, JobStatus, TrajectoryEntry
 from tiergate.queue import joberrors
 from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
 from tiergate.queue.breaker import BreakerBoard, Verdict
@@ -54,7 +55,6 @@ from tiergate.queue.replay import (
     plan_replay,
     prepare_workspace,
 )
-from tiergate.queue.schema import Job, JobMessage, JobResult, JobStatus
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
@@ -286,7 +286,7 @@ class JobRunner:
             self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
         ).start()
         cancelled = watch.cancelled
-        trajectory: list[dict[str, Any]] = []
+        trajectory: list[TrajectoryEntry] = []
         model = self._model_client(message)
         try:
             if spec.workspace.upload_id and not unpack_upload(
@@ -314,7 +314,7 @@ class JobRunner:
 
             mark = [time.monotonic()]
 
-            def on_step(entry: dict[str, Any]) -> None:
+            def on_step(entry: CommandEntry) -> None:
                 self._metrics.observe_sandbox("command", float(entry["seconds"]))
                 self._metrics.observe_step(time.monotonic() - mark[0])
                 mark[0] = time.monotonic()
@@ -422,7 +422,7 @@ class JobRunner:
         ).start()
         cancelled = watch.cancelled
 
-        def on_step(entry: dict[str, Any]) -> None:
+        def on_step(entry: CommandEntry) -> None:
             self._metrics.observe_sandbox("command", float(entry["seconds"]))
             self._jobs.step(job, entry)
             self._check_abandon()
@@ -462,7 +462,11 @@ class JobRunner:
             raise Abandoned
 
     def _store_artifacts(
-        self, job: Job, sandbox: Sandbox, trajectory: list[dict[str, Any]], verifier_log: str | None
+        self,
+        job: Job,
+        sandbox: Sandbox,
+        trajectory: list[TrajectoryEntry],
+        verifier_log: str | None,
     ) -> None:
         store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log)
 

@@ -41,7 +41,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiergate.queue.schema import Job, JobCreate
+from tiergate.protocol import Job, JobCreate
 from tiergate.settings import StorageSettings
 
 log = logging.getLogger("tiergate.store")

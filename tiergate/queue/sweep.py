@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import time
 
+from tiergate.protocol import JobMessage, JobStatus
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.schema import JobMessage, JobStatus
 from tiergate.queue.store import JobStore
 
 log = logging.getLogger("tiergate.sweep")

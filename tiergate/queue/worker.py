@@ -33,6 +33,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
+from tiergate.protocol import JobMessage
 from tiergate.queue.agent import ModelClient
 from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.lag import LagUnavailable, measure_lag
@@ -40,7 +41,6 @@ from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.runner import JobRunner
-from tiergate.queue.schema import JobMessage
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.queue.sweep import sweep
 from tiergate.sandbox import probe_limits

@@ -3,7 +3,7 @@
 
 A package of its own (not part of the queue) so that anything running untrusted code (the
 job runner, the quantization parity check) can use it; it imports only settings and the
-jobs' wire models (:class:`~tiergate.queue.schema.JobLimits`).
+wire models of its limits (:class:`~tiergate.protocol.SandboxLimits`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import SandboxLimits
 from tiergate.settings import SandboxSettings
 
 # Run by /bin/sh before the sandbox: waits until the worker has put this shell into the
@@ -85,7 +85,7 @@ def bwrap_argv(
 def command_argv(
     workspace: Path,
     command: str,
-    limits: JobLimits,
+    limits: SandboxLimits,
     settings: SandboxSettings,
     cpu_seconds: int,
     as_root: bool,

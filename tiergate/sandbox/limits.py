@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import SandboxLimits
 from tiergate.sandbox.cgroup import CgroupParent, find_parent, unavailable, write
 from tiergate.sandbox.errors import LimitsUnavailable, SandboxError
 from tiergate.sandbox.seccomp import probe_seccomp
@@ -30,7 +30,7 @@ class JobCgroup:
     """A cgroup per job: created with its limits, entered by each command, removed at close."""
 
     def __init__(
-        self, parent: CgroupParent, name: str, limits: JobLimits, max_processes: int
+        self, parent: CgroupParent, name: str, limits: SandboxLimits, max_processes: int
     ) -> None:
         self.parent = parent
         self.dirs: list[Path] = []
@@ -153,7 +153,7 @@ def _try(parent: CgroupParent, settings: SandboxSettings) -> str | None:
     """What a job's cgroup meets: None when it works end to end, else the problem."""
     try:
         cgroup = JobCgroup(
-            parent, f"probe-{uuid.uuid4().hex[:12]}", JobLimits(), settings.max_processes
+            parent, f"probe-{uuid.uuid4().hex[:12]}", SandboxLimits(), settings.max_processes
         )
     except SandboxError as exc:
         return str(exc)

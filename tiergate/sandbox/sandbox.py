@@ -48,7 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiergate.queue.schema import JobLimits
+from tiergate.protocol import SandboxLimits
 from tiergate.sandbox import files, seccomp
 from tiergate.sandbox.bwrap import STANDBY, command_argv, standby_script
 from tiergate.sandbox.capture import read_bounded
@@ -94,7 +94,7 @@ class Sandbox:
     def __init__(
         self,
         job_id: str,
-        limits: JobLimits,
+        limits: SandboxLimits,
         settings: SandboxSettings,
         root: Path | None = None,
     ) -> None:
