@@ -22,6 +22,7 @@ from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tiergate.envs.build import Built
 from tiergate.envs.registry import Registry
+from tiergate.objectstore import ObjectStore
 from tiergate.protocol import JobCreate
 from tiergate.queue.breaker import Breaker, BreakerBoard, command
 from tiergate.queue.observe import WorkerMetrics
@@ -242,7 +243,7 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
     ) as stack:
         # Names that are not registered fail (environment_not_found): both are the test
         # environment (tests/jobs/envs.py) under two names, two breakers.
-        registry = Registry(JobStore(stack.jobs.storage))
+        registry = Registry(ObjectStore(stack.jobs.storage))
         for name in ("flaky", "other"):
             renamed = built_env.manifest.model_copy(update={"name": name})
             registry.register(dataclasses.replace(built_env, manifest=renamed))

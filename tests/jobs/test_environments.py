@@ -21,7 +21,7 @@ from tests.jobs.unprivileged import NOBODY, delegated, start_worker
 from tests.jobstack import JobsStack, jobs_stack
 from tiergate.envs.build import Built, build
 from tiergate.envs.registry import Registry
-from tiergate.queue.store import JobStore
+from tiergate.objectstore import ObjectStore
 
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
 PROBE = "jq --version; git --version; curl --version; cat /etc/tiergate-env"
@@ -61,9 +61,9 @@ def test_job_runs_in_the_environment_and_records_its_digest(
     model.behaviour.replies = [f"```bash\n{PROBE}\n```", "DONE"]
     jobs = {"sandbox": {"cache_dir": cache_dir()}}
     with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
-        entry = Registry(JobStore(stack.jobs.storage)).register(built_env)
+        entry = Registry(ObjectStore(stack.jobs.storage)).register(built_env)
         assert entry.digest == built_env.digest
-        assert [e.name for e in Registry(JobStore(stack.jobs.storage)).list()] == ["test-jq"]
+        assert [e.name for e in Registry(ObjectStore(stack.jobs.storage)).list()] == ["test-jq"]
         stack.start_worker()
         job = _probe_job(stack, "test-jq")
         done = stack.wait(job["id"], lambda j: j["status"] in TERMINAL, timeout=120)
@@ -123,7 +123,7 @@ def test_unprivileged_worker_uses_a_cached_environment(
     root; using it does not)."""
     model.behaviour.replies = [f"```bash\n{PROBE}\n```", "DONE"]
     with jobs_stack(broker, s3, model, tmp_path) as stack:
-        Registry(JobStore(stack.jobs.storage)).register(built_env)
+        Registry(ObjectStore(stack.jobs.storage)).register(built_env)
         job = _probe_job(stack, "test-jq")
         with delegated(stack.jobs) as unprivileged:
             unprivileged.sandbox.cache_dir = cache_dir(NOBODY)

@@ -74,10 +74,10 @@ def test_a_large_workspace_streams_to_the_store_in_parts(sandbox: Sandbox, s3: s
     assert store.read_artifact(job_id, "verifier_log") == b"log"
     s3_client = boto3.client("s3", endpoint_url=s3, region_name="us-east-1")
     key = f"jobs/{job_id}/artifacts/workspace.tar.gz"
-    etag = s3_client.head_object(Bucket=store._bucket, Key=key)["ETag"].strip('"')
+    etag = s3_client.head_object(Bucket=store.objects.bucket, Key=key)["ETag"].strip('"')
     assert int(etag.rpartition("-")[2] or 0) >= 12, f"not a multipart upload: {etag}"
     # The same object and format as ever: workspace/... in a gzip-compressed tar.
-    body = s3_client.get_object(Bucket=store._bucket, Key=key)["Body"]
+    body = s3_client.get_object(Bucket=store.objects.bucket, Key=key)["Body"]
     with tarfile.open(fileobj=body, mode="r|gz") as tar:
         names = []
         for member in tar:

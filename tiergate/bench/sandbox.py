@@ -170,7 +170,7 @@ def run_sandbox_benchmark(
         # the worker's own system (the comparison); the digest is the same.
         name = "bench-env"
         renamed = manifest.model_copy(update={"name": name})
-        Registry(store).register(dataclasses.replace(built, manifest=renamed))
+        Registry(store.objects).register(dataclasses.replace(built, manifest=renamed))
         runner = JobRunner(
             settings,
             store,

@@ -66,7 +66,7 @@ class EnvCache:
 
     def get(self, digest: str) -> Path:
         """The unpacked root of ``digest``, fetched first if not cached. Raises
-        :class:`~tiergate.queue.store.StorageError` (fetch) or :class:`SandboxError`."""
+        :class:`~tiergate.objectstore.StorageError` (fetch) or :class:`SandboxError`."""
         if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
             raise SandboxError(f"{digest!r} is not an environment digest")
         path = self.rootfs(digest)

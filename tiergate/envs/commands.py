@@ -12,7 +12,7 @@ from typing import Any
 from tiergate.envs.build import build
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registry
-from tiergate.queue.store import JobStore
+from tiergate.objectstore import ObjectStore
 from tiergate.settings import JobsSettings
 
 
@@ -35,7 +35,7 @@ def build_command(
         if out is not None:
             row["path"] = str(out)
         if upload:
-            store = JobStore(jobs.storage)
+            store = ObjectStore(jobs.storage)
             store.ensure_bucket()
             print(f"uploading {built.bytes / 1e6:.0f} MB ...", file=sys.stderr)
             Registry(store).register(built)
@@ -47,5 +47,5 @@ def list_command(jobs: JobsSettings) -> list[dict[str, Any]]:
     return [
         entry.model_dump(mode="json", exclude={"manifest"})
         | {"packages": entry.manifest.get("packages", [])}
-        for entry in Registry(JobStore(jobs.storage)).list()
+        for entry in Registry(ObjectStore(jobs.storage)).list()
     ]

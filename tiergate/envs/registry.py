@@ -1,8 +1,8 @@
 """Environments in object storage, beside the jobs (under the jobs storage prefix):
 
 - ``<prefix>envs/blobs/<digest>.tar``: a built root file system, uploaded once (multipart,
-  boto3's ``upload_file``) and never changed: its key is its content's sha256, so a worker
-  checks what it downloads against the key;
+  :meth:`tiergate.objectstore.ObjectStore.upload`) and never changed: its key is its
+  content's sha256, so a worker checks what it downloads against the key;
 - ``<prefix>envs/names/<name>.json``: ``{name, digest, manifest, built_at, bytes,
   build_seconds}``; registering a name again points it at the new digest, the old blob
   stays (a job records the digest it ran in, and a replay runs in that one).
@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boto3.s3.transfer import TransferConfig
-from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
 from tiergate.envs.build import Built
-from tiergate.queue.store import JobStore, StorageError
+from tiergate.objectstore import ObjectStore, StorageError
 
-_TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20)
+# Blobs are root file systems (hundreds of MB): they move in parts of 64 MiB.
+_PART_BYTES = 64 << 20
 
 
 class Registered(BaseModel):
@@ -34,9 +33,11 @@ class Registered(BaseModel):
 
 
 class Registry:
-    def __init__(self, store: JobStore) -> None:
+    """The environments' keys over the jobs' object store (the workers' one bucket)."""
+
+    def __init__(self, store: ObjectStore) -> None:
         self._store = store
-        self._root = f"{store._prefix}envs/"
+        self._root = f"{store.prefix}envs/"
 
     def blob_key(self, digest: str) -> str:
         return f"{self._root}blobs/{digest}.tar"
@@ -49,13 +50,10 @@ class Registry:
 
     def register(self, built: Built) -> Registered:
         """Upload the blob (unless that digest is stored already) and point the name at it."""
-        store = self._store
         if not self.has_blob(built.digest):
             try:
-                store._s3.upload_file(
-                    str(built.path), store._bucket, self.blob_key(built.digest), Config=_TRANSFER
-                )
-            except (ClientError, BotoCoreError, OSError) as exc:
+                self._store.upload(built.path, self.blob_key(built.digest), part_bytes=_PART_BYTES)
+            except (StorageError, OSError) as exc:
                 raise StorageError(f"the environment could not be uploaded: {exc}") from exc
         entry = Registered(
             name=built.manifest.name,
@@ -65,31 +63,28 @@ class Registry:
             bytes=built.bytes,
             build_seconds=round(built.seconds, 3),
         )
-        store._put(
+        self._store.put(
             self._name_key(entry.name),
             entry.model_dump_json().encode(),
-            ContentType="application/json",
+            content_type="application/json",
         )
         return entry
 
     def resolve(self, name: str) -> Registered | None:
-        raw = self._store._get(self._name_key(name))
+        raw = self._store.get(self._name_key(name))
         return None if raw is None else Registered.model_validate_json(raw)
 
     def list(self) -> list[Registered]:
         found = []
-        for key in self._store._list(f"{self._root}names/"):
-            raw = self._store._get(key)
+        for key in self._store.keys(f"{self._root}names/"):
+            raw = self._store.get(key)
             if raw is not None:
                 found.append(Registered.model_validate_json(raw))
         return sorted(found, key=lambda e: e.name)
 
     def download(self, digest: str, path: Path) -> None:
         """The blob to ``path``; :class:`StorageError` if it cannot be read."""
-        store = self._store
         try:
-            store._s3.download_file(
-                store._bucket, self.blob_key(digest), str(path), Config=_TRANSFER
-            )
-        except (ClientError, BotoCoreError, OSError) as exc:
+            self._store.download(self.blob_key(digest), path, part_bytes=_PART_BYTES)
+        except (StorageError, OSError) as exc:
             raise StorageError(f"environment {digest[:12]} could not be fetched: {exc}") from exc

@@ -63,12 +63,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from tiergate.protocol import ENVIRONMENT_PATTERN
 from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.store import JobStore, StorageError, _conflict, _missing
+from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.breaker")
@@ -137,11 +136,12 @@ class BreakerBoard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._objects = store.objects
         self._settings = settings.breaker
         self._metrics = metrics
         self._identity = identity or worker_identity()
         self._clock = clock
-        self._root = f"{store._prefix}breakers/"
+        self._root = f"{store.objects.prefix}breakers/"
 
     @property
     def enabled(self) -> bool:
@@ -154,43 +154,22 @@ class BreakerBoard:
 
     def read(self, environment: str) -> tuple[Breaker, str | None]:
         """The breaker and its ETag (None: no record yet, i.e. closed with no failures)."""
-        store = self._store
-
-        def get() -> tuple[Breaker, str | None]:
-            try:
-                got = store._s3.get_object(Bucket=store._bucket, Key=self._key(environment))
-            except ClientError as exc:
-                if _missing(exc):
-                    return Breaker(environment=environment), None
-                raise
-            body = got["Body"].read()
-            return Breaker.model_validate_json(body), str(got["ETag"])
-
-        breaker, etag = store._call("read", get)
+        tagged = self._objects.get_tagged(self._key(environment))
+        if tagged is None:
+            breaker, etag = Breaker(environment=environment), None
+        else:
+            breaker, etag = Breaker.model_validate_json(tagged[0]), tagged[1]
         self._observe(breaker)
         return breaker, etag
 
     def _write(self, breaker: Breaker, etag: str | None) -> bool:
         """Write if nobody changed it since it was read; False when someone did."""
-        store = self._store
-        condition: dict[str, Any] = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-
-        def put() -> bool:
-            try:
-                store._s3.put_object(
-                    Bucket=store._bucket,
-                    Key=self._key(breaker.environment),
-                    Body=breaker.model_dump_json().encode(),
-                    ContentType="application/json",
-                    **condition,
-                )
-            except ClientError as exc:
-                if _conflict(exc) or (etag and _missing(exc)):
-                    return False
-                raise
-            return True
-
-        return bool(store._call("write", put))
+        return self._objects.put_if(
+            self._key(breaker.environment),
+            breaker.model_dump_json().encode(),
+            etag,
+            content_type="application/json",
+        )
 
     def _change(
         self,
@@ -232,7 +211,7 @@ class BreakerBoard:
 
     def list(self) -> list[Breaker]:
         found = []
-        for key in self._store._list(self._root):
+        for key in self._objects.keys(self._root):
             name = key.removeprefix(self._root).removesuffix(".json")
             found.append(self.read(name)[0])
         return found

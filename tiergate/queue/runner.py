@@ -100,7 +100,7 @@ class JobRunner:
         # through the store; _run leaves what the job said about its environment here.
         self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
         self._verdict: tuple[Verdict, str] = ("neutral", "")
-        self._registry = Registry(store)
+        self._registry = Registry(store.objects)
         self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
         # Wall-clock times of the last job: its message picked up, its first command's
         # process spawned (None: none ran) (tiergate bench sandbox).
