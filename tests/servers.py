@@ -12,7 +12,7 @@ import uvicorn
 
 from tiergate.gateway.app import create_app
 from tiergate.gateway.serving import uvicorn_options
-from tiergate.local.servers import free_port as free_port
+from tiergate.measure.ports import free_port as free_port
 from tiergate.settings import Settings, load_settings
 
 

@@ -13,32 +13,27 @@ import sys
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
+from tiergate.evidence import TierDecision
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
+from tiergate.tuning.plan import Plan, Waiting, tier_plan
 
 
 def _say(message: str) -> None:
     print(f"[tiergate up] {message}", file=sys.stderr, flush=True)
 
 
-def verify_fast_tier(settings: Settings, profile: TierProfile, urls: dict[Tier, str]) -> None:
-    """A hand-configured quantized fast tier without a parity report is judged once, now
-    that both tiers run; a failing one is not served."""
-    from tiergate.engine.gate import MANIFEST, REPORT, has_passing_report
+def verify_fast_tier(plan: Plan, urls: dict[Tier, str]) -> None:
+    """A quantized fast tier never judged (the plan let it start for that) is judged once,
+    now that both tiers run; a failing one is not served."""
+    from tiergate.engine.gate import REPORT
     from tiergate.quant.parity import Endpoint, evaluate, write_report
 
-    checkpoint = Path(profile.model)
-    if not (checkpoint / MANIFEST).is_file():
+    if not plan.judge_once_started:
         return
-    if (checkpoint / REPORT).is_file():
-        if not has_passing_report(checkpoint):
-            raise RuntimeError(
-                f"the fast tier's checkpoint failed its parity check: "
-                f"{checkpoint / 'parity-report.md'}"
-            )
-        return
-    name = profile.served_model_name
+    checkpoint = Path(plan.profile.model)
+    name = plan.profile.served_model_name
     _say("judging the fast tier's parity with the standard tier (once, a few minutes)")
     report = evaluate(
         Endpoint(urls[Tier.STANDARD], name), Endpoint(urls[Tier.FAST], name), progress=_say
@@ -49,16 +44,8 @@ def verify_fast_tier(settings: Settings, profile: TierProfile, urls: dict[Tier, 
     _say(f"parity passed: {checkpoint / 'parity-report.md'}")
 
 
-def _fast_profile(settings: Settings, standard_url: str) -> tuple[TierProfile, Settings]:
-    """The fast tier's profile: the tuner's decision for a ``tuned`` profile (the gateway
-    then shows its evidence), the configured one otherwise."""
-    profile = settings.profiles[Tier.FAST]
-    if not profile.tuned:
-        return profile, settings
-    from tiergate.tuning.profiles import decided_profile
-    from tiergate.tuning.tuner import ensure_decision
-
-    decision = ensure_decision(settings, _say, standard_url=standard_url)
+def _announce(decision: TierDecision) -> None:
+    """What the tuner's decision makes the fast tier run, said before it starts."""
     _say(
         f"fast tier: {decision.recipe_name} ({decision.verdict}; "
         + ", ".join(f"{v:.2f}x at concurrency {k}" for k, v in decision.speedup.items())
@@ -66,13 +53,6 @@ def _fast_profile(settings: Settings, standard_url: str) -> tuple[TierProfile, S
     )
     if decision.verdict == "equal":
         _say(f"this hardware has no faster recipe: {decision.reason}")
-    gateway = settings.gateway.model_copy(
-        update={"tier_evidence_file": str(settings.tuning.decision_path())}
-    )
-    standard_model = settings.profiles[Tier.STANDARD].model
-    return decided_profile(profile, decision, standard_model), settings.model_copy(
-        update={"gateway": gateway}
-    )
 
 
 def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
@@ -91,7 +71,7 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
     ``jobs``, the durable object store, the broker and a worker run too."""
     import uvicorn
 
-    from tiergate.engine.gate import ParityMissing, ensure_parity
+    from tiergate.engine.gate import ParityMissing
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
     from tiergate.gateway.serving import uvicorn_options
@@ -123,17 +103,27 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
         standard = _engine(Tier.STANDARD, standard_profile, log_dir)
         engines.append(standard)
         wait_ready([standard], progress=_say)
-        fast_profile, settings = _fast_profile(settings, standard.url)
-        prepare_profile_model(fast_profile)
-        # A hand-configured checkpoint never judged is judged below, once both tiers run;
-        # one that failed is refused before it starts.
-        from tiergate.engine.gate import REPORT
-
-        ensure_parity(fast_profile, skip=not (Path(fast_profile.model) / REPORT).is_file())
-        fast = _engine(Tier.FAST, fast_profile, log_dir)
+        # A checkpoint never judged is judged below, once both tiers run; one that failed
+        # is refused before it starts.
+        plan = tier_plan(
+            settings,
+            standard_url=standard.url,
+            progress=_say,
+            announce=_announce,
+            prepare=True,
+            parity="once started",
+        )
+        if isinstance(plan, Waiting):  # not while it may tune: for the type checker
+            raise RuntimeError(plan.reason)
+        if plan.decision is not None:  # the gateway then shows the decision's evidence
+            gateway = settings.gateway.model_copy(
+                update={"tier_evidence_file": str(settings.tuning.decision_path())}
+            )
+            settings = settings.model_copy(update={"gateway": gateway})
+        fast = _engine(Tier.FAST, plan.profile, log_dir)
         engines.append(fast)
         wait_ready([fast], progress=_say)
-        verify_fast_tier(settings, fast_profile, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
+        verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         host, port = settings.gateway.host, settings.gateway.port
         name = standard_profile.served_model_name
         _say(

@@ -18,8 +18,8 @@ from tests.helm.chart import (
     render,
 )
 from tiergate.evidence import TierDecision
+from tiergate.measure.fingerprint import digest, hardware_fingerprint
 from tiergate.settings import Recipe, Settings, load_settings
-from tiergate.tuning.fingerprint import digest, hardware_fingerprint
 from tiergate.tuning.tuner import inputs_digest
 
 

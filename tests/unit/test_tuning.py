@@ -10,11 +10,11 @@ import pytest
 
 from tiergate.engine.command import vllm_command
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
+from tiergate.measure.fingerprint import digest, hardware_fingerprint
 from tiergate.settings import Recipe, Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import tuner
 from tiergate.tuning.decide import choose, worth_judging
-from tiergate.tuning.fingerprint import digest, hardware_fingerprint
 from tiergate.tuning.profiles import decided_profile
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}

@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,8 +45,9 @@ from tiergate.bench.load import (
     summary,
     wrk,
 )
-from tiergate.bench.ports import free_ports
 from tiergate.bench.report import write_report
+from tiergate.measure.ports import free_ports
+from tiergate.measure.wait import wait_until
 
 INSTALL_HINT = (
     "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
@@ -104,17 +104,17 @@ http {{
     return conf
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 def _wait(url: str, budget: float = 30.0) -> None:
-    deadline = time.monotonic() + budget
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not become ready")
+    if not wait_until(lambda: _answers(url), budget, 0.2):
+        raise RuntimeError(f"{url} did not become ready")
 
 
 def find_vllm_router() -> str:

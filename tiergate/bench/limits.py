@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiergate.bench.ports import free_ports
 from tiergate.bench.report import write_report
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.auth import new_key
@@ -25,6 +24,8 @@ from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.selection import inspect
+from tiergate.measure.ports import free_ports, port_open
+from tiergate.measure.wait import wait_until
 from tiergate.settings import load_settings
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 50}]})
@@ -74,7 +75,8 @@ def run_limits_benchmark(out: Path, requests: int) -> dict[str, Any]:
     redis = subprocess.Popen(
         [binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
     )
-    time.sleep(0.5)
+    # Redis listening, not a fixed pause; one that never does fails the first request.
+    wait_until(lambda: port_open(port), 10.0, 0.05)
     key, digest = new_key()
     limits = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "max_concurrent": 10**6}
     auth = {"enabled": True, "keys": [{"name": "bench", "hash": digest, "limits": limits}]}

@@ -70,33 +70,27 @@ def backend(
 ) -> None:
     """Launch vLLM for a tier from its profile (replaces this process). A tuned profile
     runs the recipe of this machine's tier decision (`tiergate tune`)."""
-    from tiergate.engine.command import vllm_command, vllm_environment
-    from tiergate.engine.gate import ParityMissing, ensure_parity
+    from tiergate.engine.command import vllm_environment
+    from tiergate.engine.gate import ParityMissing
+    from tiergate.tuning.plan import Waiting, tier_plan
 
     settings = settings_or_exit()
-    profile = settings.profiles[tier]
-    if profile.tuned:
-        from tiergate.tuning.profiles import decided_profile
-        from tiergate.tuning.tuner import current_decision
-
-        decision = current_decision(settings)
-        if decision is None:
-            typer.echo(
-                "tiergate: no tier decision for this hardware; run `tiergate tune` first",
-                err=True,
-            )
-            raise typer.Exit(3)
-        profile = decided_profile(profile, decision, settings.profiles[Tier.STANDARD].model)
     try:
-        ensure_parity(profile, skip=skip_parity_check)
+        plan = tier_plan(settings, tier, parity="skip" if skip_parity_check else "required")
     except ParityMissing as exc:
         typer.echo(f"tiergate: {exc}", err=True)
         raise typer.Exit(3) from None
-    cmd = vllm_command(profile)
+    if isinstance(plan, Waiting):
+        typer.echo(
+            "tiergate: no tier decision for this hardware; run `tiergate tune` first",
+            err=True,
+        )
+        raise typer.Exit(3)
+    cmd = plan.argv
     if dry_run:
         typer.echo(" ".join(cmd))
         return
-    env = vllm_environment(profile)
+    env = vllm_environment(plan.profile)
     api_key = settings.tiers[tier].api_key
     if api_key:
         env["VLLM_API_KEY"] = api_key  # vLLM's --api-key, kept off the command line

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.engine.command import vllm_command, vllm_environment
+from tiergate.measure.wait import wait_until
 from tiergate.settings import TierProfile
 
 Progress = Callable[[str], None]
@@ -118,7 +119,8 @@ def wait_ready(engines: list[Engine], budget: float = 600.0, progress: Progress 
     started = time.monotonic()
     pending = list(engines)
     last_said = 0.0
-    while pending:
+
+    def all_ready() -> bool:
         for engine in list(pending):
             if engine.proc is not None and engine.proc.poll() is not None:
                 raise EngineFailed(
@@ -132,16 +134,16 @@ def wait_ready(engines: list[Engine], budget: float = 600.0, progress: Progress 
                     f"({time.monotonic() - started:.0f}s, warm-up {seconds:.1f}s)"
                 )
                 pending.remove(engine)
-        elapsed = time.monotonic() - started
-        if pending and elapsed > budget:
-            names = ", ".join(e.name for e in pending)
-            raise EngineFailed(f"not ready after {budget:.0f}s: {names}")
-        if pending:
-            if elapsed - last_said >= 10:
-                last_said = elapsed
-                names = ", ".join(e.name for e in pending)
-                progress(f"waiting for {names} ({elapsed:.0f}s)")
-            time.sleep(1)
+        return not pending
+
+    def still_waiting(elapsed: float) -> None:
+        nonlocal last_said
+        if elapsed - last_said >= 10:
+            last_said = elapsed
+            progress(f"waiting for {', '.join(e.name for e in pending)} ({elapsed:.0f}s)")
+
+    if not wait_until(all_ready, budget, 1.0, waiting=still_waiting):
+        raise EngineFailed(f"not ready after {budget:.0f}s: {', '.join(e.name for e in pending)}")
 
 
 @contextmanager

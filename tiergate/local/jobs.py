@@ -11,7 +11,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ from tiergate.local.servers import (
     broker,
     ensure_bucket,
     object_store,
-    port_open,
 )
+from tiergate.measure.ports import port_open
+from tiergate.measure.wait import wait_until
 from tiergate.settings import JobsSettings, Settings, default_cache_dir
 
 S3_PORT = 9000
@@ -75,18 +75,18 @@ def _start_or_reuse(server: Server, say: Callable[[str], None]) -> bool:
 def _wait_healthy(
     proc: subprocess.Popen[bytes], log: Path, port: int, timeout: float = 90.0
 ) -> None:
-    deadline = time.monotonic() + timeout
     url = f"http://127.0.0.1:{port}/healthz"
-    while True:
+
+    def healthy() -> bool:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
             raise ServerFailed("the job worker exited:\n  " + "\n  ".join(tail))
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise ServerFailed(f"the job worker is not healthy after {timeout:.0f}s; see {log}")
-        time.sleep(0.3)
+            return httpx.get(url, timeout=1.0).status_code == 200
+        return False
+
+    if not wait_until(healthy, timeout, 0.3):
+        raise ServerFailed(f"the job worker is not healthy after {timeout:.0f}s; see {log}")
 
 
 @contextlib.contextmanager

@@ -22,11 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
+
+from tiergate.measure.ports import free_port, port_open
+from tiergate.measure.wait import wait_until
 
 # Local credentials: SeaweedFS without an identity file accepts any key; boto3 and Tansu
 # still sign requests, so both are given the same pair.
@@ -44,20 +46,6 @@ _WEED_VOLUMES = 2000
 
 class ServerFailed(RuntimeError):
     """A local server did not start."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        socket.create_connection((host, port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
 
 
 def weed_binary() -> Path:
@@ -105,15 +93,17 @@ class Server:
                 env={**os.environ, **self.env},
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None:
-                raise ServerFailed(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerFailed(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
-            time.sleep(0.1)
+        if not wait_until(self._ready_or_exited, timeout, 0.1):
+            self.stop()
+            raise ServerFailed(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
         return self
+
+    def _ready_or_exited(self) -> bool:
+        if self.ready():
+            return True
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerFailed(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
+        return False
 
     def ready(self) -> bool:
         return port_open(self.port)

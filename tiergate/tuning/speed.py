@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiergate.bench.tiers import Sample, run_level
+from tiergate.measure.stream import Sample, run_level
 
 Progress = Callable[[str], None]
 

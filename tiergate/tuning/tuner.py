@@ -19,9 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from tiergate.bench.ports import free_ports
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
+from tiergate.measure.fingerprint import digest, hardware_fingerprint
+from tiergate.measure.ports import free_ports
 from tiergate.quant.parity import (
     Endpoint,
     ParityThresholds,
@@ -34,7 +35,6 @@ from tiergate.settings import Recipe, Settings, TierProfile, default_cache_dir
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
 from tiergate.tuning.decide import choose, worth_judging
-from tiergate.tuning.fingerprint import digest, hardware_fingerprint
 from tiergate.tuning.profiles import recipe_profile
 from tiergate.tuning.report import render_decision
 from tiergate.tuning.speed import measure_speed

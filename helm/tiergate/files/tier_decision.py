@@ -3,9 +3,9 @@
     python3 tier_decision.py OUT
 
 Waits until a tier decision holds for this machine and these tuning inputs (the file
-``tiergate tune`` wrote on the model volume, judged as ``tiergate backend --tier fast``
-judges it: same hardware fingerprint, same inputs, a passing parity report for a quantized
-checkpoint), saying why while it waits. Then writes the fast tier's recipe to OUT as vLLM
+``tiergate tune`` wrote on the model volume, judged by the plan ``tiergate backend --tier
+fast`` follows, ``tiergate.tuning.plan``: same hardware fingerprint, same inputs, a passing
+parity report for a quantized checkpoint), saying why while it waits. Then writes the fast tier's recipe to OUT as vLLM
 arguments (a JSON list: ``--model=...`` and, when it speculates, ``--speculative-config=...``).
 
 Environment: ``TIERGATE_CONFIG`` (the tuner's settings), ``TIERGATE_GPU_NAME`` (the
@@ -20,20 +20,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter
 
-from tiergate.engine.gate import ParityMissing, ensure_parity
+from tiergate.engine.gate import ParityMissing
 from tiergate.evidence import TierDecision
-from tiergate.settings import Settings, load_settings
-from tiergate.speculative.config import SpeculativeConfig, to_vllm_json
-from tiergate.tiers import Tier
-from tiergate.tuning.fingerprint import digest, hardware_fingerprint
-from tiergate.tuning.profiles import decided_profile
-from tiergate.tuning.tuner import current_decision, inputs_digest
+from tiergate.measure.wait import wait_until
+from tiergate.settings import load_settings
+from tiergate.speculative.config import SpeculativeConfig
+from tiergate.tuning.plan import Plan, tier_plan
+from tiergate.tuning.plan import waiting_for as waiting_for  # why it waits (tests ask)
 
 _SPECULATIVE: TypeAdapter[Any] = TypeAdapter(SpeculativeConfig)
 
@@ -42,16 +40,8 @@ def say(message: str) -> None:
     print(f"[tier-decision] {message}", file=sys.stderr, flush=True)
 
 
-def decided_args(settings: Settings, decision: TierDecision) -> list[str]:
-    """The decided recipe as vLLM arguments (raises ParityMissing like the launcher)."""
-    profile = decided_profile(
-        settings.profiles[Tier.FAST], decision, settings.profiles[Tier.STANDARD].model
-    )
-    ensure_parity(profile)
-    args = [f"--model={profile.model}"]
-    if profile.speculative is not None:
-        args.append(f"--speculative-config={to_vllm_json(profile.speculative)}")
-    return args
+def _announce(decision: TierDecision) -> None:
+    say(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
 
 
 def _recipe(args: list[str]) -> tuple[str | None, dict[str, Any] | None]:
@@ -76,20 +66,6 @@ def disagreement(decided: list[str], configured: list[str]) -> str | None:
     )
 
 
-def waiting_for(settings: Settings) -> str:
-    """Why no decision holds here yet."""
-    path = settings.tuning.decision_path()
-    stored = TierDecision.load(path)
-    if stored is None:
-        return f"no tier decision at {path} yet (the tuning Job writes it)"
-    here = hardware_fingerprint()
-    if stored.fingerprint_digest != digest(here):
-        return f"the decision at {path} was measured on {stored.fingerprint}, this pod is {here}"
-    if stored.inputs_digest != inputs_digest(settings):
-        return f"the decision at {path} answers other tuning inputs (a new tuning is due)"
-    return f"the decision at {path} does not hold"
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         say("usage: tier_decision.py OUT")
@@ -99,23 +75,27 @@ def main(argv: list[str]) -> int:
     wait = float(os.environ.get("TIERGATE_WAIT_SECONDS", "0"))
     poll = float(os.environ.get("TIERGATE_POLL_SECONDS", "15"))
     settings = load_settings()
-    started = time.monotonic()
     said = ""
-    while (decision := current_decision(settings)) is None:
-        reason = waiting_for(settings)
-        if reason != said:
-            say(f"waiting: {reason}")
-            said = reason
-        if wait and time.monotonic() - started >= wait:
-            say(f"no decision for this hardware after {wait:g}s")
-            return 2
-        time.sleep(poll)
-    say(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
+
+    def planned() -> Plan | None:
+        nonlocal said
+        plan = tier_plan(settings, announce=_announce)
+        if isinstance(plan, Plan):
+            return plan
+        if plan.reason != said:
+            say(f"waiting: {plan.reason}")
+            said = plan.reason
+        return None
+
     try:
-        args = decided_args(settings, decision)
+        plan = wait_until(planned, wait or None, poll)
     except ParityMissing as exc:
         say(f"refusing to start: {exc}")
         return 1
+    if plan is None:
+        say(f"no decision for this hardware after {wait:g}s")
+        return 2
+    args = plan.recipe_args()
     if mode == "values":
         configured = json.loads(os.environ["TIERGATE_FAST_ARGS"])
         problem = disagreement(args, configured)

@@ -1,4 +1,4 @@
-"""The hardware (and software) a tier decision was measured on.
+"""The hardware (and software) a measurement was taken on: a tier decision, a benchmark.
 
 Two machines with the same fingerprint run the same kernels at comparable speed: the CPU
 model and the instruction-set flags that pick vLLM's kernels (AVX2, AVX-512, VNNI, AMX,
