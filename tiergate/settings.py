@@ -95,6 +95,14 @@ class RoutingSettings(_Section):
     affinity_load_slack: float = Field(4.0, ge=0)
 
 
+def _default_fallback_order() -> dict[Tier, list[Tier]]:
+    return {Tier.STANDARD: [Tier.FAST], Tier.FAST: [Tier.STANDARD]}
+
+
+def _default_speculative_tiers() -> list[Tier]:
+    return [Tier.FAST]
+
+
 class PolicySettings(_Section):
     """How tiers are chosen and when the gateway moves a request between them.
 
@@ -105,6 +113,23 @@ class PolicySettings(_Section):
     auto_tier: Literal["standard", "fast", "headroom"] = "standard"
     fallback: bool = True
     max_attempts: int = Field(3, ge=1)
+    # Per tier, the tiers a request moves to, first that can take it, when its own cannot:
+    # the key may not use it, its engines cannot serve the request, or (with ``fallback``)
+    # none of its endpoints is healthy. Data rather than code, so that another tier (such
+    # as OpenAI's flex) is a settings change.
+    fallback_order: dict[Tier, list[Tier]] = Field(default_factory=_default_fallback_order)
+    # Tiers whose engines may decode speculatively, and so refuse the sampling options
+    # vLLM's speculative path refuses (min_p, logit_bias, logits_processors).
+    speculative_tiers: list[Tier] = Field(default_factory=_default_speculative_tiers)
+
+    @model_validator(mode="after")
+    def _orders(self) -> PolicySettings:
+        for tier, order in self.fallback_order.items():
+            if tier in order or len(set(order)) != len(order):
+                raise ValueError(
+                    f"policy.fallback_order.{tier.value}: names itself or a tier twice"
+                )
+        return self
 
 
 class GatewaySettings(_Section):
@@ -155,7 +180,7 @@ class ApiKey(_Section):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    tiers: list[Tier] = Field(default_factory=lambda: [Tier.STANDARD, Tier.FAST], min_length=1)
+    tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     models: list[str] | None = None
     limits: KeyLimits = Field(default_factory=KeyLimits)
     # Higher is admitted first when a tier's admission queue is not empty.

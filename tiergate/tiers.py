@@ -12,10 +12,6 @@ class Tier(StrEnum):
     FAST = "fast"
 
     @property
-    def other(self) -> Tier:
-        return Tier.FAST if self is Tier.STANDARD else Tier.STANDARD
-
-    @property
     def openai_name(self) -> str:
         """The word echoed in responses' ``service_tier``."""
         return "priority" if self is Tier.FAST else "default"

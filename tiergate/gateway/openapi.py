@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiergate.gateway.routes import ROUTES, Route, StreamEnd
-from tiergate.tiers import ACCEPTED_WORDS
+from tiergate.tiers import ACCEPTED_WORDS, Tier
 
 ERROR_ENVELOPE: dict[str, Any] = {
     "type": "object",
@@ -66,6 +66,9 @@ def error_responses(*statuses: str) -> dict[int | str, dict[str, Any]]:
     }
 
 
+# The tiers' names, in their order (tiergate/tiers.py), wherever the description lists them.
+TIER_NAMES = tuple(tier.value for tier in Tier)
+
 MODEL_CARD: dict[str, Any] = {
     "type": "object",
     "required": ["id", "object", "owned_by", "tiers"],
@@ -73,7 +76,7 @@ MODEL_CARD: dict[str, Any] = {
         "id": {"type": "string"},
         "object": {"const": "model"},
         "owned_by": {"type": "string"},
-        "tiers": {"type": "array", "items": {"enum": ["standard", "fast"]}},
+        "tiers": {"type": "array", "items": {"enum": list(TIER_NAMES)}},
         "tier_details": {
             "type": "array",
             "description": "What each serving tier runs: recipe, measured speedup, parity",
@@ -81,7 +84,7 @@ MODEL_CARD: dict[str, Any] = {
                 "type": "object",
                 "required": ["tier"],
                 "properties": {
-                    "tier": {"enum": ["standard", "fast"]},
+                    "tier": {"enum": list(TIER_NAMES)},
                     "service_tier": {"type": "string"},
                     "runs": {"type": "string"},
                 },

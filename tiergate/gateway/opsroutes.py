@@ -20,8 +20,12 @@ def tiers_serving(state: GatewayState) -> tuple[bool, dict[str, bool]]:
     """Whether every tier has a healthy endpoint or can fall back to one that has, and
     each tier's own availability."""
     tiers = {tier.value: pool.has_available() for tier, pool in state.pools.items()}
-    fallback = state.settings.policy.fallback
-    serving = all(ok or (fallback and tiers[Tier(t).other.value]) for t, ok in tiers.items())
+    policy = state.settings.policy
+    serving = all(
+        ok
+        or (policy.fallback and any(tiers[o.value] for o in policy.fallback_order.get(Tier(t), ())))
+        for t, ok in tiers.items()
+    )
     return serving, tiers
 
 

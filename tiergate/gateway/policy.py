@@ -42,7 +42,8 @@ class Needs:
     """What serving the request takes of a tier."""
 
     route: str
-    # False when the speculative (fast) engine would refuse the request's sampling options.
+    # False when a speculative engine (policy.speculative_tiers: the fast tier's) would
+    # refuse the request's sampling options.
     fast_compatible: bool = True
 
 
@@ -64,6 +65,9 @@ RouteSupport = Callable[[Tier, str], bool | None]
 
 
 class TierPolicy:
+    """Decides each request's tier; which tier a request moves to and which tiers
+    speculate are settings (``policy.fallback_order``, ``policy.speculative_tiers``)."""
+
     def __init__(
         self,
         settings: PolicySettings,
@@ -73,11 +77,21 @@ class TierPolicy:
         self._settings = settings
         self._fast_has_headroom = fast_has_headroom
         self._serves_route = serves_route
+        self._order = {tier: tuple(settings.fallback_order.get(tier, ())) for tier in Tier}
+        self._speculative = frozenset(settings.speculative_tiers)
 
     def _can_serve(self, tier: Tier, needs: Needs) -> bool:
-        if tier is Tier.FAST and not needs.fast_compatible:
+        if not needs.fast_compatible and tier in self._speculative:
             return False
         return self._serves_route(tier, needs.route) is not False
+
+    def _next_serving(self, tier: Tier, usable: list[Tier], needs: Needs) -> Tier | None:
+        """The first tier after ``tier`` in its fallback order that the key may use and
+        that can serve the request."""
+        for other in self._order[tier]:
+            if other in usable and self._can_serve(other, needs):
+                return other
+        return None
 
     def _default(self) -> tuple[Tier, Reason]:
         auto = self._settings.auto_tier
@@ -100,26 +114,30 @@ class TierPolicy:
             if tier not in usable:
                 if not usable:
                     raise _tier_not_allowed(tier)
-                tier, reason = tier.other, Reason.KEY
+                tier, reason = self._next_usable(tier, usable), Reason.KEY
         if not self._can_serve(tier, needs):
             # Same capabilities is the promise, so this is a tier whose engine refuses the
-            # request's sampling options (speculation) or lacks the route: the other serves.
-            other = tier.other
-            if other in usable and self._can_serve(other, needs):
+            # request's sampling options (speculation) or lacks the route: another serves.
+            other = self._next_serving(tier, usable, needs)
+            if other is not None:
                 return TierDecision(other, Reason.CAPABILITY)
-            if not any(self._serves_route(t, needs.route) is not False for t in Tier):
+            serving = [t for t in Tier if self._serves_route(t, needs.route) is not False]
+            if not serving:
                 raise _route_not_served(needs.route)
             if self._serves_route(tier, needs.route) is False:
-                raise _route_not_on_tier(tier, needs.route)
+                raise _route_not_on_tier(tier, needs.route, serving)
             # Sampling options the fast engine refuses, and the key may not use standard:
             # vLLM's own refusal says which option.
-        other = tier.other
-        fallback = (
-            other
-            if self._settings.fallback and other in usable and self._can_serve(other, needs)
-            else None
-        )
+        fallback = self._next_serving(tier, usable, needs) if self._settings.fallback else None
         return TierDecision(tier, reason, fallback)
+
+    def _next_usable(self, tier: Tier, usable: list[Tier]) -> Tier:
+        """The first tier after ``tier`` in its fallback order that the key may use (any
+        it may use, if the order names none)."""
+        for other in self._order[tier]:
+            if other in usable:
+                return other
+        return usable[0]
 
 
 def _tier_not_allowed(tier: Tier) -> OpenAIError:
@@ -131,11 +149,12 @@ def _tier_not_allowed(tier: Tier) -> OpenAIError:
     )
 
 
-def _route_not_on_tier(tier: Tier, route: str) -> OpenAIError:
+def _route_not_on_tier(tier: Tier, route: str, serving: list[Tier]) -> OpenAIError:
+    others = " or ".join(t.value for t in serving)
     return OpenAIError(
         400,
         f"The {tier.value} tier's engines do not serve {route}, and this API key may not use "
-        f"the {tier.other.value} tier's.",
+        f"the {others} tier's.",
         param="service_tier",
         code="route_not_on_tier",
     )

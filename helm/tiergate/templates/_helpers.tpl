@@ -123,6 +123,16 @@ seccompProfile:
 /models/tiergate/decisions/{{ .Values.tuning.hardware.name }}
 {{- end -}}
 
+{{/* The tiers (tiergate/tiers.py), space-separated, in the order the chart renders them:
+the one place in the chart that names them, so that templates range over
+`splitList " " (include "tiergate.tierList" .)` instead of a literal list. */}}
+{{- define "tiergate.tierList" -}}standard fast{{- end -}}
+
+{{/* The vLLM Deployments' component labels, as a YAML flow list. */}}
+{{- define "tiergate.vllmComponents" -}}
+[{{ range $i, $tier := splitList " " (include "tiergate.tierList" .) }}{{ if $i }}, {{ end }}vllm-{{ $tier }}{{ end }}]
+{{- end -}}
+
 {{/* Whether the fast tier is gated by the tuner's decision. */}}
 {{- define "tiergate.tunedFast" -}}
 {{- if and .Values.tuning.enabled .Values.vllm.tiers.fast.enabled }}true{{ end -}}
@@ -205,7 +215,7 @@ settings the chart's own manifests depend on. */}}
 gateway:
   shutdown_grace_seconds: {{ max 0 (sub (sub (int $g.terminationGracePeriodSeconds) (int $g.preStopSeconds)) 5) }}
 tiers:
-{{- range $tier := list "standard" "fast" }}
+{{- range $tier := splitList " " (include "tiergate.tierList" $root) }}
 {{- $cfg := index $root.Values.vllm.tiers $tier }}
   {{ $tier }}:
   {{- if $cfg.enabled }}
@@ -264,7 +274,7 @@ jobs:
 {{- $t := .Values.tuning -}}
 {{- $standard := .Values.vllm.tiers.standard -}}
 profiles:
-{{- range $i, $tier := list "standard" "fast" }}
+{{- range $i, $tier := splitList " " (include "tiergate.tierList" $root) }}
 {{- $cfg := index $root.Values.vllm.tiers $tier }}
   {{ $tier }}:
     model: {{ $standard.model | quote }}
