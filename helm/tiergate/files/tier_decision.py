@@ -5,8 +5,9 @@
 Waits until a tier decision holds for this machine and these tuning inputs (the file
 ``tiergate tune`` wrote on the model volume, judged by the plan ``tiergate backend --tier
 fast`` follows, ``tiergate.tuning.plan``: same hardware fingerprint, same inputs, a passing
-parity report for a quantized checkpoint), saying why while it waits. Then writes the fast tier's recipe to OUT as vLLM
-arguments (a JSON list: ``--model=...`` and, when it speculates, ``--speculative-config=...``).
+parity report for a quantized checkpoint), saying why while it waits. Then writes the fast
+tier's recipe to OUT as vLLM arguments (a JSON list: ``--model=...`` and, when it
+speculates, ``--speculative-config=...``).
 
 Environment: ``TIERGATE_CONFIG`` (the tuner's settings), ``TIERGATE_GPU_NAME`` (the
 hardware's name in the fingerprint), ``TIERGATE_FAST_MODE``: ``decision`` (the pod runs
