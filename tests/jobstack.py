@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from typing import Any
 import httpx
 
 from tests.servers import free_port, gateway_settings, running_gateway
+from tests.waiting import eventually
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.store import JobStore
 from tiergate.queue.worker import Worker
@@ -81,15 +81,16 @@ class JobsStack:
         timeout: float = 60,
         headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: list[dict[str, Any]] = []
+
+        def reached() -> dict[str, Any] | None:
             job: dict[str, Any] = httpx.get(
                 f"{self.base}/v1/jobs/{job_id}", headers=headers or {}
             ).json()
-            if until(job):
-                return job
-            assert time.monotonic() < deadline, f"job never reached the state: {job}"
-            time.sleep(0.2)
+            seen[:] = [job]
+            return job if until(job) else None
+
+        return eventually(reached, timeout, 0.2, lambda: f"job reached the state: {seen}")
 
 
 @contextmanager

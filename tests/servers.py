@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
 
+from tests.waiting import eventually
 from tiergate.gateway.app import create_app
 from tiergate.gateway.serving import uvicorn_options
 from tiergate.measure.ports import free_port as free_port
@@ -55,11 +55,11 @@ def running_gateway(settings: Settings, port: int | None = None) -> Iterator[str
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test gateway did not start")
-        time.sleep(0.02)
+    eventually(
+        lambda: server.started or not thread.is_alive(), 20, 0.02, "the test gateway started"
+    )
+    if not server.started:
+        raise RuntimeError("the test gateway did not start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tiergate.measure.wait import wait_until
 
 MODEL = "fake-model"
 
@@ -89,12 +90,7 @@ class FakeVllm:
         self._thread.join(5)
 
     def wait_for(self, predicate: Any, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.02)
-        return bool(predicate())
+        return bool(wait_until(predicate, timeout, 0.02))
 
     @web.middleware
     async def _cookie(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 
@@ -20,3 +21,9 @@ def metric_value(base: str, name: str, **labels: str) -> float:
 
 def sse_events(text: str) -> list[str]:
     return [part[len("data: ") :] for part in text.split("\n\n") if part.startswith("data: ")]
+
+
+def load_seen(fake: Any) -> bool:
+    """Whether the gateway has read ``fake``'s load (``running``, ``waiting``): its
+    /metrics was probed twice, so the first answer was taken in before the second round."""
+    return sum(1 for path, _ in fake.record.probes if path == "/metrics") >= 2

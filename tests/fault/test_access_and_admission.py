@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
+from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -127,7 +127,7 @@ def test_concurrent_requests_limit(fakes: list[FakeVllm]) -> None:
             kwargs={"json": CHAT, "headers": headers},
         )
         slow.start()
-        time.sleep(0.2)
+        eventually(lambda: fakes[0].record.requests == 1, what="the first request at the engine")
         second = httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers)
         slow.join()
         assert second.status_code == 429
@@ -158,12 +158,15 @@ def test_full_admission_queue_is_503_not_429(fakes: list[FakeVllm]) -> None:
             )
 
         threads = [threading.Thread(target=call) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-            time.sleep(0.1)
-        time.sleep(0.2)
-        assert (
-            metric_value(base, "tiergate_admission_queue_depth", tier="standard", lane="all") == 1
+        threads[0].start()
+        eventually(lambda: fakes[0].record.requests == 1, what="the first request at the engine")
+        threads[1].start()
+        eventually(
+            lambda: (
+                metric_value(base, "tiergate_admission_queue_depth", tier="standard", lane="all")
+                == 1
+            ),
+            what="the second request queued",
         )
         third = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
         for thread in threads:
@@ -188,7 +191,7 @@ def test_auto_takes_fast_while_it_has_headroom(fakes: list[FakeVllm]) -> None:
             target=httpx.post, args=(url,), kwargs={"json": {**CHAT, "service_tier": "auto"}}
         )
         busy.start()
-        time.sleep(0.3)
+        eventually(lambda: fakes[2].record.requests == 1, what="the busy request at the engine")
         while_busy = httpx.post(url, json={**CHAT, "service_tier": "auto"})
         busy.join()
         idle = httpx.post(url, json=CHAT)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import free_port, gateway_settings, running_gateway
+from tests.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,7 +54,10 @@ def test_endpoint_returning_after_outage_is_used_again(fakes: list[FakeVllm]) ->
         )
         assert first.headers["x-tiergate-tier"] == "standard"
         fakes[2].behaviour.healthy = True
-        time.sleep(0.6)  # a few health-check rounds
+        eventually(
+            lambda: metric_value(base, "tiergate_endpoint_healthy", endpoint=fakes[2].url) == 1,
+            what="the fast endpoint healthy again",
+        )
         again = httpx.post(
             f"{base}/v1/completions", json={"model": MODEL, "prompt": "x", "service_tier": "fast"}
         )

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.servers import free_port
+from tests.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -58,12 +58,12 @@ def two_workers(fakes: list[FakeVllm], tmp_path: Path) -> Iterator[tuple[str, Pa
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
         # Ready: both workers up (each writes its tiergate_up gauge file at start).
-        while len(list(folder.glob("gauge_max_*.db"))) < 2 or not _ready(base):
+        def ready() -> bool:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the two workers did not become ready"
-            time.sleep(0.1)
+            return len(list(folder.glob("gauge_max_*.db"))) >= 2 and _ready(base)
+
+        eventually(ready, 60, 0.1, "the two workers ready")
         yield base, folder
     finally:
         proc.terminate()

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,9 @@ import yaml
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import free_port
+from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
+from tiergate.measure.ports import port_open
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -43,16 +44,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        import socket
-
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
+        eventually(lambda: port_open(self.port), 10, 0.05, "redis-server started")
 
     @property
     def url(self) -> str:
@@ -81,16 +73,16 @@ def _start_gateway(config: Path) -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz").status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
+
+    def ready() -> bool:
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "gateway did not become ready"
-        time.sleep(0.1)
+        try:
+            return httpx.get(f"{base}/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    eventually(ready, 30, 0.1, "the gateway ready")
+    return proc, base
 
 
 def test_limit_holds_across_two_gateways_and_survives_redis_loss(

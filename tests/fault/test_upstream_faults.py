@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tests.fault.helpers import metric_value, sse_events
+from tests.fault.helpers import load_seen, metric_value, sse_events
 from tests.servers import gateway_settings, running_gateway
+from tests.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -70,7 +71,7 @@ def test_retryable_status_is_retried_on_another_endpoint(
         [bad.url, good.url], [fakes[2].url], health={"eject_after_failures": 100}
     )
     with running_gateway(settings) as base:
-        time.sleep(0.5)
+        eventually(lambda: load_seen(good), what="the good endpoint's load read")
         for _ in range(3):
             resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
             assert resp.status_code == 200, resp.text
@@ -85,7 +86,7 @@ def test_non_retryable_upstream_error_is_normalised_not_retried(fakes: list[Fake
     fakes[0].behaviour.status = 400
     fakes[1].behaviour.running = 50
     with running_gateway(gateway_settings([fakes[0].url, fakes[1].url], [fakes[2].url])) as base:
-        time.sleep(0.5)
+        eventually(lambda: load_seen(fakes[1]), what="the second endpoint's load read")
         resp = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
         assert resp.status_code == 400
         err = resp.json()["error"]
@@ -106,7 +107,7 @@ def test_hung_upstream_times_out_and_is_ejected(fakes: list[FakeVllm]) -> None:
         [hung.url, good.url], [fakes[2].url], timeouts={"first_byte_seconds": 0.5}
     )
     with running_gateway(settings) as base:
-        time.sleep(0.5)
+        eventually(lambda: load_seen(good), what="the good endpoint's load read")
         first = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
         assert first.status_code == 200 and good.record.requests == 1
         assert metric_value(base, "tiergate_endpoint_healthy", endpoint=hung.url) == 0

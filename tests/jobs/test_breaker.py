@@ -20,6 +20,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.envs import cache_dir
 from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
+from tests.waiting import eventually
 from tiergate.envs.build import Built
 from tiergate.envs.registry import Registry
 from tiergate.objectstore import ObjectStore
@@ -213,13 +214,7 @@ def test_concurrent_writers_lose_no_update_and_one_probe_wins(s3: str) -> None:
 
 
 def _wait_for(what: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = what()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.2)
+    return eventually(what, timeout, 0.2)
 
 
 def _run(stack: JobsStack, body: dict[str, Any], key: dict[str, str]) -> dict[str, Any]:
@@ -254,7 +249,8 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
             done = _run(stack, flaky, owner)
             assert done["status"] == "failed" and done["error"]["code"] == "sandbox"
             assert done["environment"] == "flaky"
-        assert board.read("flaky")[0].state == "open"
+        # The breaker hears a job's verdict just after its terminal record is written.
+        _wait_for(lambda: board.read("flaky")[0].state == "open")
 
         started = time.monotonic()
         fast = _run(stack, {**WORKS, "environment": "flaky"}, dave)
@@ -275,15 +271,20 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         _wait_for(lambda: time.time() > opened_at + 2.2)
         probe = _run(stack, flaky, carol)
         assert probe["error"]["code"] == "sandbox", probe  # it ran: setup failed
-        reopened = board.read("flaky")[0]
-        assert reopened.state == "open" and (reopened.opened_at or 0) > opened_at
+        reopened = _wait_for(
+            lambda: (
+                (b := board.read("flaky")[0]).state == "open"
+                and (b.opened_at or 0) > opened_at
+                and b
+            )
+        )
 
         # The next probe works: closed, and jobs run again.
         _wait_for(lambda: time.time() > (reopened.opened_at or 0) + 2.2)
         good = _run(stack, {**WORKS, "environment": "flaky"}, dave)
         assert good["status"] == "completed", good
-        closed = board.read("flaky")[0]
-        assert (closed.state, closed.failures) == ("closed", 0)
+        closed = _wait_for(lambda: (b := board.read("flaky")[0]).state == "closed" and b)
+        assert closed.failures == 0
         assert _run(stack, {**WORKS, "environment": "flaky"}, dave)["status"] == "completed"
 
         # The operator holds it open, then closes it.

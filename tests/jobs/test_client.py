@@ -20,6 +20,7 @@ from tests.jobs.cutproxy import FakeCuttingProxy
 from tests.jobstack import JobsStack, jobs_stack
 from tests.readme_blocks import run_readme_block
 from tests.servers import free_port
+from tests.waiting import eventually
 from tiergate.jobsclient import (
     AsyncJobsClient,
     Job,
@@ -112,9 +113,7 @@ def test_events_resume_after_dropped_connections_without_loss_or_repeats(
             whole = httpx.get(proxy.url + path, timeout=30).text
             expected = [json.loads(p[6:]) for p in whole.split("\n\n") if p.startswith("data: {")]
             assert len(expected) >= 7
-            deadline = time.monotonic() + 10
-            while not proxy.body_bytes and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: proxy.body_bytes, 10, 0.05, "the proxy counted the body")
             total = proxy.body_bytes[0]
             # Two cuts, each (most likely) in the middle of an event.
             proxy.cuts = [total // 3, total // 3]

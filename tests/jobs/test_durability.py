@@ -4,16 +4,19 @@ restart of the broker or of the object store loses no accepted job and needs no 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
+import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tests.servers import free_port, running_gateway
+from tests.waiting import eventually
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.lifecycle import JobLifecycle
@@ -98,26 +101,26 @@ def test_restarts_of_broker_and_object_store_lose_nothing(
 
 
 def _get_eventually(base: str, job_id: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def got() -> dict[str, Any] | None:
         resp = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30)
         if resp.status_code == 200:
             return dict(resp.json())
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "store_unavailable", resp.text
-        assert time.monotonic() < deadline, f"the jobs API did not recover: {resp.text}"
-        time.sleep(0.5)
+        return None
+
+    return eventually(got, timeout, 0.5, "the jobs API recovered")
 
 
 def _submit_eventually(base: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    def submitted() -> str | None:
         resp = httpx.post(f"{base}/v1/jobs", json=TASK, timeout=30)
         if resp.status_code == 200:
             return str(resp.json()["id"])
         assert resp.status_code == 503, resp.text
-        assert time.monotonic() < deadline, f"the jobs API did not recover: {resp.text}"
-        time.sleep(0.5)
+        return None
+
+    return eventually(submitted, timeout, 0.5, "the jobs API recovered")
 
 
 def test_a_vanished_bucket_is_created_again_on_demand(
@@ -217,7 +220,7 @@ def test_an_acknowledged_submit_survives_a_sigkilled_broker(
 
 
 def test_workers_take_no_job_while_the_gateway_is_away(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A stack still starting (or a gateway rollout) does not burn jobs' attempts: the
     job waits queued, then runs once the gateway answers."""
@@ -229,10 +232,16 @@ def test_workers_take_no_job_while_the_gateway_is_away(
         job = stack.submit(TASK)
         jobs = stack.jobs.model_copy(deep=True)
         jobs.gateway_url = f"http://127.0.0.1:{later}"
+        caplog.set_level(logging.INFO, logger="tiergate.worker")
         worker = Worker(jobs)
         worker.start()
         try:
-            time.sleep(3)  # long enough for two attempts to have failed without the wait
+            # The slot parks before it consumes anything (without the wait it would have
+            # taken the job and burnt its two attempts on the missing gateway).
+            eventually(
+                lambda: "waiting for the gateway" in caplog.text, 30, 0.1, "the slot waiting"
+            )
+            assert worker.processed == []
             assert httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()["status"] == "queued"
             with running_gateway(stack.settings, port=later):
                 final = stack.wait(job["id"], lambda j: j["status"] in TERMINAL, timeout=60)

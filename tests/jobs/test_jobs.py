@@ -14,6 +14,7 @@ from kafka import KafkaConsumer
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue
@@ -137,9 +138,7 @@ def test_cancel_queued_job_is_final_and_idempotent(
         again = httpx.post(f"{stack.base}/v1/jobs/{job['id']}/cancel").json()
         assert first["status"] == again["status"] == "cancelled"
         worker = stack.start_worker()
-        deadline = time.monotonic() + 30
-        while not worker.processed and time.monotonic() < deadline:
-            time.sleep(0.2)
+        eventually(lambda: worker.processed, 30, 0.2, "the worker took the message")
         assert worker.processed == [(job["id"], "skipped")]
         assert stack.wait(job["id"], lambda j: True)["status"] == "cancelled"
         assert model.record.requests == 0
@@ -155,7 +154,8 @@ def test_cancel_running_job_stops_it_within_seconds(
         job = stack.submit({**TASK, "limits": {"timeout_seconds": 120}})
         stack.start_worker()
         stack.wait(job["id"], lambda j: j["status"] == "in_progress")
-        time.sleep(1.0)  # the command is running in the sandbox
+        # The model has answered with the command, which now runs in the sandbox.
+        eventually(lambda: model.record.requests >= 1, 30, 0.05, "the model asked")
         asked = time.monotonic()
         answer = httpx.post(f"{stack.base}/v1/jobs/{job['id']}/cancel").json()
         assert answer["cancel_requested_at"]
@@ -260,7 +260,7 @@ def test_drained_worker_hands_its_job_to_another(
         job = stack.submit(TASK)
         first = stack.start_worker()
         stack.wait(job["id"], lambda j: j["status"] == "in_progress")
-        time.sleep(0.5)
+        eventually(lambda: model.record.requests >= 1, 30, 0.05, "the model asked")
         first.stop(drain_seconds=0)  # SIGTERM with no grace left: abandon, do not commit
         assert first.processed == [(job["id"], "abandoned")]
         model.behaviour.replies = [SOLVE, "DONE"]

@@ -29,6 +29,7 @@ from kafka import KafkaConsumer
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
 from tests.jobstack import JobsStack, jobs_stack, jobs_tree
+from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
 from tiergate.gateway.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
 from tiergate.protocol import JobCreate, JobMessage
@@ -158,10 +159,12 @@ def test_an_expired_upload_is_refused_and_frees_its_place(
         job = {**TASK, "workspace": {"upload_id": upload}}
         assert httpx.post(f"{stack.base}/v1/jobs", json=job).status_code == 200
         _envelope(_upload(stack, tar_of({"b": b"y"}), {}), 429, "upload_quota_exceeded")
-        deadline = time.monotonic() + 30
-        while (resp := httpx.post(f"{stack.base}/v1/jobs", json=job)).status_code == 200:
-            assert time.monotonic() < deadline, "the upload never expired"
-            time.sleep(0.3)
+
+        def refused() -> httpx.Response | None:
+            resp = httpx.post(f"{stack.base}/v1/jobs", json=job)
+            return None if resp.status_code == 200 else resp
+
+        resp = eventually(refused, 30, 0.3, "the upload expired")
         error = _envelope(resp, 400, "upload_expired")
         assert error["param"] == "workspace.upload_id"
         assert "jobs.upload_ttl_seconds" in error["message"], error
@@ -284,16 +287,17 @@ def test_event_streams_are_capped_per_key(
 
         # A closed stream gives its place back.
         _close_stream(streams.pop())
-        deadline = time.monotonic() + 20
-        while True:
+
+        def reopened() -> bool:
             again = _open_stream(stack, job_a, h["a"])
             open_.callback(_close_stream, again)
             if again.status_code == 200:
-                break
+                return True
             again.read()
             _envelope(again, 429, "rate_limit_exceeded")
-            assert time.monotonic() < deadline, "the closed stream's place never came back"
-            time.sleep(0.2)
+            return False
+
+        eventually(reopened, 20, 0.2, "the closed stream's place came back")
 
 
 def test_stream_polls_back_off_while_nothing_happens() -> None:

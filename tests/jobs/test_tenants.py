@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
+from tests.waiting import eventually
 from tiergate.protocol import JobLimits
 from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.store import JobStore
@@ -177,10 +177,12 @@ time.sleep(60)
 
 
 def _wait_for_processes(box: Sandbox, count: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while box.process_count() < count:
-        assert time.monotonic() < deadline, f"the bomb holds {box.process_count()} processes"
-        time.sleep(0.1)
+    eventually(
+        lambda: box.process_count() >= count,
+        timeout,
+        0.1,
+        lambda: f"the bomb holds {box.process_count()} processes, not {count}",
+    )
 
 
 def test_an_inode_bomb_is_stopped_while_it_runs(tmp_path: Path) -> None:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-import time
-
+from tests.waiting import eventually
 from tiergate.backends.endpoint import Endpoint, LoadSignals
 from tiergate.backends.loadstats import parse_load_signals
 from tiergate.backends.routing import LoadAwareRouter, PrefixAffinity
@@ -32,8 +31,7 @@ def test_passive_ejection_and_cooldown() -> None:
     ep = Endpoint("http://a", Tier.FAST, eject_after_failures=2, cooldown_seconds=0.2)
     assert not ep.record_failure() and ep.available()
     assert ep.record_failure() and not ep.available()
-    time.sleep(0.25)
-    assert ep.available()  # half-open: tried again
+    assert eventually(ep.available, 5, 0.01, "the cool-down over")  # half-open: tried again
     assert ep.record_failure() and not ep.available()  # still failing: ejected at once
     ep.record_success()
     assert ep.consecutive_failures == 0
