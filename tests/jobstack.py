@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from kafka import KafkaConsumer
 
 from tests.servers import free_port, gateway_settings, running_gateway
 from tests.waiting import eventually
@@ -120,3 +122,18 @@ def jobs_stack(
         finally:
             for w in stack.workers:
                 w.stop(drain_seconds=0)
+
+
+def topic_messages(jobs: JobsSettings, topic: str) -> list[dict[str, Any]]:
+    """Every message on ``topic`` so far, read by a consumer of no group (commits nothing)."""
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=jobs.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+        group_id=None,
+    )
+    try:
+        return [json.loads(m.value) for m in consumer]
+    finally:
+        consumer.close()

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from kafka import KafkaConsumer
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tests.jobstack import jobs_stack
+from tests.jobstack import jobs_stack, topic_messages
 from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
 from tiergate.protocol import JobCreate, JobMessage
@@ -240,15 +239,7 @@ def test_model_down_retries_with_backoff_then_dead_letters(
         final = stack.wait(job["id"], lambda j: j["status"] == "failed", timeout=60)
         assert final["error"]["code"] == "transient_failures"
         assert final["attempts"] == 2
-        consumer = KafkaConsumer(
-            stack.jobs.kafka.dead_letter_topic,
-            bootstrap_servers=stack.jobs.kafka.bootstrap_servers,
-            auto_offset_reset="earliest",
-            consumer_timeout_ms=5000,
-            group_id=None,
-        )
-        dead = [json.loads(m.value) for m in consumer]
-        consumer.close()
+        dead = topic_messages(stack.jobs, stack.jobs.kafka.dead_letter_topic)
         assert [d["id"] for d in dead] == [job["id"]]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import io
-import json
 import os
 import tarfile
 import threading
@@ -24,11 +23,10 @@ from typing import Any
 
 import httpx
 import pytest
-from kafka import KafkaConsumer
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
-from tests.jobstack import JobsStack, jobs_stack, jobs_tree
+from tests.jobstack import JobsStack, jobs_stack, jobs_tree, topic_messages
 from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
 from tiergate.gateway.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
@@ -194,15 +192,7 @@ def test_an_oversized_spec_is_413_and_the_next_job_is_queued(
 
         job = stack.submit(TASK, headers=h["a"])
         assert job["status"] == "queued"
-        consumer = KafkaConsumer(
-            stack.jobs.kafka.topic,
-            bootstrap_servers=stack.jobs.kafka.bootstrap_servers,
-            auto_offset_reset="earliest",
-            consumer_timeout_ms=5000,
-            group_id=None,
-        )
-        queued = [json.loads(m.value)["id"] for m in consumer]
-        consumer.close()
+        queued = [m["id"] for m in topic_messages(stack.jobs, stack.jobs.kafka.topic)]
         assert queued == [job["id"]]
 
 

@@ -34,11 +34,10 @@ def register_job_routes(app: FastAPI) -> None:
 
     errors = openapi.error_responses("400", "401", "403", "404", "429", "503")
     too_large: dict[int | str, dict[str, Any]] = {
-        "413": {
-            "description": "The body is over gateway.max_body_bytes, or the job's queue "
-            "message over jobs.kafka.max_request_size (request_too_large)",
-            "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-        }
+        "413": openapi.error_response(
+            "The body is over gateway.max_body_bytes, or the job's queue "
+            "message over jobs.kafka.max_request_size (request_too_large)"
+        )
     }
 
     @app.post(
@@ -70,22 +69,17 @@ def register_job_routes(app: FastAPI) -> None:
         tags=["jobs"],
         responses={
             **errors,
-            "400": {
-                "description": "Empty, not a tar archive (invalid_upload), more members than "
+            "400": openapi.error_response(
+                "Empty, not a tar archive (invalid_upload), more members than "
                 "jobs.max_upload_members (upload_too_many_members), or unpacking to more "
-                "than jobs.max_upload_unpacked_bytes (upload_too_large_unpacked)",
-                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-            },
-            "413": {
-                "description": "Over jobs.max_upload_bytes (request_too_large)",
-                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-            },
-            "429": {
-                "description": "The key's requests per minute (rate_limit_exceeded), or its "
+                "than jobs.max_upload_unpacked_bytes (upload_too_large_unpacked)"
+            ),
+            "413": openapi.error_response("Over jobs.max_upload_bytes (request_too_large)"),
+            "429": openapi.error_response(
+                "The key's requests per minute (rate_limit_exceeded), or its "
                 "live uploads over jobs.max_uploads_per_key or jobs.upload_quota_bytes "
-                "(upload_quota_exceeded)",
-                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-            },
+                "(upload_quota_exceeded)"
+            ),
         },
         openapi_extra={
             "requestBody": {
@@ -133,11 +127,10 @@ def register_job_routes(app: FastAPI) -> None:
         tags=["jobs"],
         responses={
             **openapi.error_responses("401", "404", "429", "503"),
-            "409": {
-                "description": "The job is not finished (job_not_finished), or cannot be "
-                "replayed (job_not_replayable, upload_not_found)",
-                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-            },
+            "409": openapi.error_response(
+                "The job is not finished (job_not_finished), or cannot be "
+                "replayed (job_not_replayable, upload_not_found)"
+            ),
         },
     )
     async def replay_job(request: Request, job_id: str) -> Response:
@@ -151,11 +144,10 @@ def register_job_routes(app: FastAPI) -> None:
         tags=["jobs"],
         responses={
             **errors,
-            "429": {
-                "description": "The key already has jobs.max_streams_per_key event streams "
-                "open on this replica (rate_limit_exceeded)",
-                "content": {"application/json": {"schema": openapi.ERROR_ENVELOPE}},
-            },
+            "429": openapi.error_response(
+                "The key already has jobs.max_streams_per_key event streams "
+                "open on this replica (rate_limit_exceeded)"
+            ),
         },
     )
     async def job_events(

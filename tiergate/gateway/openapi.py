@@ -66,6 +66,11 @@ def error_responses(*statuses: str) -> dict[int | str, dict[str, Any]]:
     }
 
 
+def error_response(description: str) -> dict[str, Any]:
+    """One documented error answer in the OpenAI envelope, described as this route has it."""
+    return {"description": description, "content": {"application/json": {"schema": ERROR_ENVELOPE}}}
+
+
 # The tiers' names, in their order (tiergate/tiers.py), wherever the description lists them.
 TIER_NAMES = tuple(tier.value for tier in Tier)
 
