@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -65,9 +66,17 @@ class OpenAIError(Exception):
         )
 
 
+# An address in an engine's message (its own URL, a peer's): not for callers to see.
+_URL = re.compile(r"\b(?:https?|tcp|grpc)://[^\s'\"<>]+", re.IGNORECASE)
+
+
 def from_upstream(status: int, body: bytes) -> OpenAIError:
     """Normalise a vLLM error body (integer ``code``, exception-class ``type``, or the older
-    flat ``{"object": "error", ...}`` shape) into OpenAI's envelope, keeping its message."""
+    flat ``{"object": "error", ...}`` shape) into OpenAI's envelope, keeping its message
+    less any address in it. An engine that failed (a 5xx, when no retry or fallback could
+    serve the request) is the gateway's 502 ``upstream_error``, not a relayed 500: the
+    request reached a server that broke, which is not the gateway's own fault; 503 (the
+    engine is overloaded or unready) and 504 keep their meaning."""
     message = f"upstream returned HTTP {status}"
     param: str | None = None
     code: str | None = None
@@ -89,6 +98,10 @@ def from_upstream(status: int, body: bytes) -> OpenAIError:
         message = body.decode("utf-8", "replace")[:500]
     if code is None and status == 404 and "model" in message.lower():
         code = "model_not_found"
+    message = _URL.sub("<engine>", message)
+    if status >= 500 and status not in (503, 504):
+        message = f"The engine failed (HTTP {status}): {message}" if status != 502 else message
+        return OpenAIError(502, message, code=code or "upstream_error", param=param)
     return OpenAIError(status, message, code=code, param=param)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from tiergate.gateway.emptyinput import refuse_empty_input
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.routes import ROUTES, Route
@@ -161,6 +162,7 @@ def inspect(
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     _check_max_tokens(body, route.max_token_fields, max_tokens_limit)
+    refuse_empty_input(route.path, body)
     parts = route.prompt(body)
     return InspectedRequest(
         body=body,
