@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
 from tiergate.evidence import TierDecision
+from tiergate.local.supervisor import Supervisor, kill_leftovers
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
@@ -65,10 +67,25 @@ def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
     return Engine(tier.value, url, profile.served_model_name, start_vllm(profile, log), log)
 
 
+def _supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfile) -> None:
+    """Restart an engine this stack started when it dies; ``engine.proc`` follows."""
+    if engine.proc is None:  # reused, not ours to restart
+        return
+
+    def restart() -> subprocess.Popen[bytes]:
+        if engine.proc is not None:
+            kill_leftovers(engine.proc)
+        engine.proc = start_vllm(profile, engine.log)
+        return engine.proc
+
+    supervisor.watch(f"{engine.name} engine", engine.proc, restart)
+
+
 def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: bool = True) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
     everything this call started when the gateway stops (Ctrl-C or SIGTERM). With
-    ``jobs``, the durable object store, the broker and a worker run too."""
+    ``jobs``, the durable object store, the broker and a worker run too. What this call
+    started and dies while the stack is up is restarted with backoff (local/supervisor.py)."""
     import uvicorn
 
     from tiergate.engine.gate import ParityMissing
@@ -86,6 +103,7 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
     log_dir = default_cache_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     engines: list[Engine] = []
+    supervisor = Supervisor(_say)
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -96,13 +114,16 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
         if jobs:
             from tiergate.local.jobs import local_jobs
 
-            jobs_settings = pipeline.enter_context(local_jobs(settings, log_dir, _say))
+            jobs_settings = pipeline.enter_context(
+                local_jobs(settings, log_dir, _say, supervisor=supervisor)
+            )
             settings = settings.model_copy(update={"jobs": jobs_settings})
         standard_profile = settings.profiles[Tier.STANDARD]
         prepare_profile_model(standard_profile)
         standard = _engine(Tier.STANDARD, standard_profile, log_dir)
         engines.append(standard)
         wait_ready([standard], progress=_say)
+        _supervise_engine(supervisor, standard, standard_profile)
         # A checkpoint never judged is judged below, once both tiers run; one that failed
         # is refused before it starts.
         plan = tier_plan(
@@ -123,8 +144,11 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
         fast = _engine(Tier.FAST, plan.profile, log_dir)
         engines.append(fast)
         wait_ready([fast], progress=_say)
+        _supervise_engine(supervisor, fast, plan.profile)
         verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         host, port = settings.gateway.host, settings.gateway.port
+        metrics_port = settings.gateway.metrics_port
+        metrics_host = settings.gateway.metrics_host or host
         name = standard_profile.served_model_name
         _say(
             f"gateway on http://{host}:{port}; try:\n"
@@ -132,6 +156,11 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
             f'-d \'{{"model": "{name}", "service_tier": "priority", '
             f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\'\n'
             f"  curl http://{host}:{port}/v1/tiers   # what each tier runs, and the evidence"
+            + (
+                f"\n  curl http://{metrics_host}:{metrics_port}/metrics  # Prometheus, apart"
+                if metrics_port is not None
+                else ""
+            )
             + (
                 f"\n  curl http://{host}:{port}/v1/jobs     # agent jobs (see the README)"
                 if jobs
@@ -147,6 +176,8 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
         _say(f"error: {exc}")
         return 1
     finally:
+        # First: nothing stopped from here on is restarted.
+        supervisor.stop()
         for engine in engines:
             if engine.proc is not None:
                 _say(f"stopping the {engine.name} tier")

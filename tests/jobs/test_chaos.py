@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tiergate.local.jobs import start_worker
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import Job
 from tiergate.queue.store import JobStore, StorageError
@@ -25,14 +25,7 @@ JOBS = 50
 
 
 def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TIERGATE_CONFIG": str(config)}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tiergate", "worker"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    return start_worker({**os.environ, "TIERGATE_CONFIG": str(config)}, log)
 
 
 def test_no_job_is_lost_while_workers_are_killed(

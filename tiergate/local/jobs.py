@@ -26,6 +26,7 @@ from tiergate.local.servers import (
     ensure_bucket,
     object_store,
 )
+from tiergate.local.supervisor import Child, Supervisor, kill_leftovers
 from tiergate.measure.ports import port_open
 from tiergate.measure.wait import wait_until
 from tiergate.settings import JobsSettings, Settings, default_cache_dir
@@ -89,6 +90,34 @@ def _wait_healthy(
         raise ServerFailed(f"the job worker is not healthy after {timeout:.0f}s; see {log}")
 
 
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """A ``tiergate worker`` process with ``env`` as its whole environment, its output
+    appended to ``log``, in its own session (so that stopping it stops its sandboxes)."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tiergate", "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _supervise_server(supervisor: Supervisor, server: Server) -> None:
+    """Restart ``server`` (same ports and data) when it dies; ``server.proc`` stays the
+    process to stop."""
+    assert server.proc is not None
+
+    def restart() -> subprocess.Popen[bytes]:
+        if server.proc is not None:
+            kill_leftovers(server.proc)
+        server.start()
+        assert server.proc is not None
+        return server.proc
+
+    supervisor.watch(server.name, server.proc, restart)
+
+
 @contextlib.contextmanager
 def local_jobs(
     settings: Settings,
@@ -97,9 +126,12 @@ def local_jobs(
     *,
     data: Path | None = None,
     ports: LocalPorts | None = None,
+    supervisor: Supervisor | None = None,
 ) -> Iterator[JobsSettings]:
     """Run the object store, the broker and a worker for the block; yields the jobs
-    settings for the gateway. Data lives in ``data`` (default: the cache's ``pipeline``)."""
+    settings for the gateway. Data lives in ``data`` (default: the cache's ``pipeline``).
+    With a ``supervisor``, each of the three that this call started is restarted when it
+    dies (the caller stops the supervisor before the block ends)."""
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
     ports = ports or LocalPorts()
@@ -109,6 +141,7 @@ def local_jobs(
     kafka = broker(ports.broker, store.url, log_dir / "tansu.log")
     started: list[Server] = []
     worker: subprocess.Popen[bytes] | None = None
+    watched: Child | None = None
     try:
         if _start_or_reuse(store, say):
             started.append(store)
@@ -121,21 +154,24 @@ def local_jobs(
         log = log_dir / "worker.log"
         say(f"starting a job worker ({jobs.worker.concurrency} slots; log: {log})")
         env = {**os.environ, "TIERGATE_JOBS": jobs.model_dump_json()}
-        with log.open("ab") as out:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "tiergate", "worker"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+
+        def again() -> subprocess.Popen[bytes]:
+            return start_worker(env, log)
+
+        worker = again()
         _wait_healthy(worker, log, ports.worker_health)
+        if supervisor is not None:
+            for server in started:
+                _supervise_server(supervisor, server)
+            watched = supervisor.watch("job worker", worker, again)
         say(
             f"jobs: object store {store.url} (data: {data}), broker {kafka.address}, "
             f"worker health http://127.0.0.1:{ports.worker_health}/healthz"
         )
         yield jobs
     finally:
+        if watched is not None:
+            worker = watched.proc
         if worker is not None and worker.poll() is None:
             say("stopping the job worker")
             worker.terminate()
