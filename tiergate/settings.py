@@ -196,11 +196,17 @@ class AuthSettings(_Section):
 
     enabled: bool = False
     keys: list[ApiKey] = Field(default_factory=list)
+    # More keys, from a JSON file (a list of ``keys`` entries; the chart mounts its Secret
+    # there): read at start and again whenever its content changes, looked at every
+    # ``keys_reload_seconds``, so that a key added or revoked there takes effect within
+    # that time without a restart.
+    keys_file: str | None = None
+    keys_reload_seconds: float = Field(5.0, gt=0)
 
     @model_validator(mode="after")
     def _unique(self) -> AuthSettings:
-        if self.enabled and not self.keys:
-            raise ValueError("auth.enabled is true but auth.keys is empty")
+        if self.enabled and not self.keys and not self.keys_file:
+            raise ValueError("auth.enabled is true but auth.keys is empty (and no keys_file)")
         for attr in ("name", "hash"):
             seen = [getattr(k, attr) for k in self.keys]
             dupes = {v for v in seen if seen.count(v) > 1}

@@ -17,9 +17,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import TypeAdapter
 
 from tiergate.gateway.auth import hash_key
-from tiergate.settings import Settings, load_settings
+from tiergate.settings import ApiKey, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tiergate"
@@ -104,6 +105,39 @@ def container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict
     return env
 
 
+def mount_secret_files(
+    docs: list[dict[str, Any]],
+    spec: dict[str, Any],
+    container: dict[str, Any],
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """Write the Secret volumes ``container`` mounts under ``tmp_path``, as the kubelet
+    would, and point the environment's paths into them there."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        data = secret_values(docs, secret["secretName"])
+        items = secret.get("items") or [{"key": k, "path": k} for k in data]
+        where = tmp_path / "secrets" / mount["name"]
+        where.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            (where / item["path"]).write_text(data[item["key"]])
+        for name, value in env.items():
+            if value.startswith(mount["mountPath"] + "/"):
+                env[name] = str(where / value.removeprefix(mount["mountPath"] + "/"))
+
+
+def all_keys(settings: Settings) -> list[ApiKey]:
+    """The keys a gateway with ``settings`` starts with: its own and its keys file's."""
+    keys = list(settings.auth.keys)
+    if settings.auth.keys_file:
+        keys += TypeAdapter(list[ApiKey]).validate_json(Path(settings.auth.keys_file).read_text())
+    return keys
+
+
 def load_pod_settings(
     docs: list[dict[str, Any]],
     kind: str,
@@ -117,6 +151,7 @@ def load_pod_settings(
     spec = pod_spec(docs, kind, name)
     box = spec["containers"][container]
     env = container_env(docs, box)
+    mount_secret_files(docs, spec, box, env, tmp_path)
     path = Path(env["TIERGATE_CONFIG"])
     mount = next(m for m in box["volumeMounts"] if m["mountPath"] == str(path.parent))
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
@@ -138,8 +173,11 @@ def _use_gateway_config(
 ) -> None:
     """Point TIERGATE_CONFIG at the gateway configuration the chart rendered, with the rest
     of the gateway's environment (its keys come from Secrets)."""
-    gateway = pod_spec(docs, "Deployment", "rel-tiergate-gateway")["containers"][0]
-    for key, value in container_env(docs, gateway).items():
+    spec = pod_spec(docs, "Deployment", "rel-tiergate-gateway")
+    gateway = spec["containers"][0]
+    env = container_env(docs, gateway)
+    mount_secret_files(docs, spec, gateway, env, tmp_path)
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     config = tmp_path / "tiergate.yaml"
     config.write_text(find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"])

@@ -153,7 +153,7 @@ def test_worker_network_policy_allows_nothing_else() -> None:
         [
             ("pods", "gateway", (("TCP", 8000),)),
             ("cidr", "10.20.0.0/16", (("TCP", 9092),)),
-            ("cidr", "0.0.0.0/0", (("TCP", 443),)),
+            ("cidr", "10.0.0.0/8", (("TCP", 443),)),
             ("pods", "kube-dns", (("TCP", 53), ("UDP", 53))),
         ]
     )

@@ -13,6 +13,7 @@ import yaml
 from tests.helm.chart import (
     CHART,
     VALUES,
+    all_keys,
     find,
     load_pod_settings,
     pod_spec,
@@ -32,9 +33,12 @@ def test_every_values_file_turns_keys_on(values: Path | None) -> None:
         find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
     )
     assert config["auth"] == {"enabled": True}
-    gateway = pod_spec(docs, "Deployment", "rel-tiergate-gateway")["containers"][0]
-    keys = next(e for e in gateway["env"] if e["name"] == "TIERGATE_AUTH__KEYS")
-    assert keys["valueFrom"]["secretKeyRef"]["key"] == "auth-keys"
+    # The keys reach the gateway as a mounted file (reloaded when the Secret changes).
+    spec = pod_spec(docs, "Deployment", "rel-tiergate-gateway")
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["TIERGATE_AUTH__KEYS_FILE"] == "/etc/tiergate-auth/auth-keys"
+    volume = next(v for v in spec["volumes"] if v["name"] == "auth-keys")
+    assert volume["secret"]["items"] == [{"key": "auth-keys", "path": "auth-keys"}]
 
 
 def test_default_values_take_key_hashes_from_the_secret(
@@ -49,7 +53,7 @@ def test_default_values_take_key_hashes_from_the_secret(
     assert worker_key not in secret["stringData"]["auth-keys"]
     gateway = load_pod_settings(docs, "Deployment", "rel-tiergate-gateway", tmp_path, monkeypatch)
     assert gateway.auth.enabled
-    by_hash = {k.hash: k for k in gateway.auth.keys}
+    by_hash = {k.hash: k for k in all_keys(gateway)}
     worker = load_pod_settings(docs, "Deployment", "rel-tiergate-worker", tmp_path, monkeypatch)
     assert worker.jobs.worker.api_key == worker_key
     entry = by_hash[hash_key(worker_key)]
@@ -58,8 +62,8 @@ def test_default_values_take_key_hashes_from_the_secret(
     team = hash_key("tg-team-a")
     docs = render(sets=("auth.keys[0].name=team-a", f"auth.keys[0].hash={team}"))
     gateway = load_pod_settings(docs, "Deployment", "rel-tiergate-gateway", tmp_path, monkeypatch)
-    assert [k.name for k in gateway.auth.keys] == ["team-a", "job-workers"]
-    assert not gateway.auth.keys[0].acts_for_job_owners
+    assert [k.name for k in all_keys(gateway)] == ["team-a", "job-workers"]
+    assert not all_keys(gateway)[0].acts_for_job_owners
 
 
 def test_existing_secret_holds_the_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,8 +71,8 @@ def test_existing_secret_holds_the_keys(tmp_path: Path, monkeypatch: pytest.Monk
     assert not any(d["kind"] == "Secret" and d["metadata"]["name"].endswith("-auth") for d in docs)
     gateway = load_pod_settings(docs, "Deployment", "rel-tiergate-gateway", tmp_path, monkeypatch)
     worker = load_pod_settings(docs, "Deployment", "rel-tiergate-worker", tmp_path, monkeypatch)
-    assert {k.name for k in gateway.auth.keys} == {"team-a", "job-workers"}
-    acting = {k.hash for k in gateway.auth.keys if k.acts_for_job_owners}
+    assert {k.name for k in all_keys(gateway)} == {"team-a", "job-workers"}
+    acting = {k.hash for k in all_keys(gateway) if k.acts_for_job_owners}
     assert worker.jobs.worker.api_key is not None
     assert acting == {hash_key(worker.jobs.worker.api_key)}
 
@@ -86,7 +90,7 @@ def test_public_gateway_without_keys_fails_to_render(public: str) -> None:
     )
     assert config["auth"] == {"enabled": False}
     gateway = pod_spec(docs, "Deployment", "rel-tiergate-gateway")["containers"][0]
-    assert "TIERGATE_AUTH__KEYS" not in {e["name"] for e in gateway["env"]}
+    assert "TIERGATE_AUTH__KEYS_FILE" not in {e["name"] for e in gateway["env"]}
     worker = pod_spec(docs, "Deployment", "rel-tiergate-worker")["containers"][0]
     assert "TIERGATE_JOBS__WORKER__API_KEY" not in {e["name"] for e in worker["env"]}
     # A private gateway with auth off renders too.

@@ -116,7 +116,10 @@ def test_workers_under_a_sandboxed_runtime() -> None:
     assert security["appArmorProfile"] == {"type": "RuntimeDefault"}
     default = pod_spec(render(), "Deployment", "rel-tiergate-worker")
     assert "runtimeClassName" not in default
-    assert default["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert default["containers"][0]["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "tiergate/bwrap.json",
+    }
 
 
 # --- Versions ------------------------------------------------------------------------------

@@ -1,15 +1,28 @@
-"""API keys: ``Authorization: Bearer <key>``, checked against configured SHA-256 hashes."""
+"""API keys: ``Authorization: Bearer <key>``, checked against configured SHA-256 hashes.
+
+Keys come from the settings and, with ``auth.keys_file``, from a file (the chart's mounted
+Secret) that is read again whenever it changes, so rotating keys needs no restart.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
 
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import ApiKey, AuthSettings
 from tiergate.tiers import Tier
+
+log = logging.getLogger("tiergate.auth")
+_KEY_LIST = TypeAdapter(list[ApiKey])
 
 KEY_PREFIX = "tg-"
 ON_BEHALF_OF = "x-tiergate-on-behalf-of"
@@ -46,13 +59,70 @@ class Caller:
 ANONYMOUS = Caller("anonymous", None)
 
 
-class Authenticator:
-    """Maps a presented key to its configuration. The key is never stored or logged."""
+class KeysFileError(RuntimeError):
+    """``auth.keys_file`` cannot be read, is not a list of keys, or repeats a key."""
 
-    def __init__(self, settings: AuthSettings) -> None:
+
+class Authenticator:
+    """Maps a presented key to its configuration. The key is never stored or logged.
+
+    With ``keys_file``, the file is read at construction (an unusable file is an error
+    then) and looked at again at most every ``keys_reload_seconds`` when a key is checked:
+    new content replaces the file's keys, so a revoked key stops working within that time.
+    A file that later cannot be read or parsed (a rotation caught half-written) leaves the
+    keys as they were, and says so in the log."""
+
+    def __init__(
+        self, settings: AuthSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._enabled = settings.enabled
-        self._by_hash = {key.hash: key for key in settings.keys}
-        self._by_name = {key.name: key for key in settings.keys}
+        self._settings = settings
+        self._clock = clock
+        self._file = Path(settings.keys_file) if settings.keys_file else None
+        self._file_content: bytes | None = None
+        self._checked_at = clock()
+        self._by_hash: dict[str, ApiKey] = {}
+        self._by_name: dict[str, ApiKey] = {}
+        self._install(self._read_file() if self._file is not None else [])
+
+    def _install(self, from_file: list[ApiKey]) -> None:
+        keys = [*self._settings.keys, *from_file]
+        self._by_hash = {key.hash: key for key in keys}
+        self._by_name = {key.name: key for key in keys}
+
+    def _read_file(self) -> list[ApiKey]:
+        assert self._file is not None
+        try:
+            content = self._file.read_bytes()
+            keys = _KEY_LIST.validate_json(content)
+            # The settings' own checks (unique names and hashes) over both sources.
+            AuthSettings(
+                enabled=self._enabled,
+                keys=[*self._settings.keys, *keys],
+                keys_file=str(self._file),
+            )
+        except (OSError, ValidationError) as exc:
+            raise KeysFileError(f"auth.keys_file {self._file}: {exc}") from exc
+        self._file_content = content
+        return keys
+
+    def _refresh(self) -> None:
+        """Re-read the keys file when it is due and its content changed."""
+        if self._file is None:
+            return
+        now = self._clock()
+        if now - self._checked_at < self._settings.keys_reload_seconds:
+            return
+        self._checked_at = now
+        try:
+            if self._file.read_bytes() == self._file_content:
+                return
+            keys = self._read_file()
+        except (OSError, KeysFileError) as exc:
+            log.error("keeping the current API keys: %s", exc)
+            return
+        self._install(keys)
+        log.info("API keys reloaded from %s (%d from the file)", self._file, len(keys))
 
     @property
     def enabled(self) -> bool:
@@ -61,6 +131,7 @@ class Authenticator:
     def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
         """The caller a request counts against: the key presented, or, for a job worker's
         key naming a job's owner, that owner."""
+        self._refresh()
         caller = self._authenticate(authorization)
         if not on_behalf_of or caller.key is None:
             return caller

@@ -109,6 +109,59 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret (and its key) holding the limits' Redis URL, which may carry a password and
+so never goes into the gateway's ConfigMap: limits.existingSecret, or the one the chart
+makes from limits.redisUrl. */}}
+{{- define "tiergate.redisUrlSecret" -}}
+{{- .Values.limits.existingSecret | default (printf "%s-redis-url" (include "tiergate.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tiergate.redisUrlSecretKey" -}}
+{{- if .Values.limits.existingSecret }}{{ .Values.limits.existingSecretKey }}{{ else }}redis-url{{ end -}}
+{{- end -}}
+
+{{/* A Kubernetes memory quantity ("8Gi", "8704Mi", "9G", "1073741824") in whole MiB. */}}
+{{- define "tiergate.mebibytes" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q -}}
+{{- $unit := trimPrefix $number $q -}}
+{{- $per := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- if or (not $number) (not (hasKey $per $unit)) -}}
+{{- fail (printf "memory quantity %q: expected a number with one of Ki, Mi, Gi, Ti, k, M, G, T" $q) -}}
+{{- end -}}
+{{- floor (divf (mulf (float64 $number) (index $per $unit)) 1048576) | int -}}
+{{- end -}}
+
+{{/* Refuse a worker pod whose memory limit leaves no headroom: each of the worker's
+jobs.worker.concurrency jobs may use up to the installation's cap (gateway.config's
+jobs.caps.memory_mb, 4096 unless set: tiergate/jobsettings.py's JobCaps), and the worker
+process itself needs jobs.worker.memoryHeadroomMi beside them, else the kernel kills the
+worker (and every job in it) instead of the one job over its limit. */}}
+{{- define "tiergate.checkWorkerMemory" -}}
+{{- $w := .Values.jobs.worker -}}
+{{- $limit := dig "limits" "memory" "" ($w.resources | default dict) -}}
+{{- if $limit -}}
+{{- $cap := dig "jobs" "caps" "memory_mb" 4096 (.Values.gateway.config | default dict) | int -}}
+{{- $need := add (mul (int $w.concurrency) $cap) (int $w.memoryHeadroomMi) -}}
+{{- $have := include "tiergate.mebibytes" $limit | int -}}
+{{- if lt $have $need -}}
+{{- fail (printf "jobs.worker.resources.limits.memory (%s = %d Mi) leaves no headroom: jobs.worker.concurrency (%d) x jobs.caps.memory_mb (%d) + jobs.worker.memoryHeadroomMi (%d) = %d Mi. Raise the limit, or lower the concurrency or gateway.config.jobs.caps.memory_mb." (toString $limit) $have (int $w.concurrency) $cap (int $w.memoryHeadroomMi) $need) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A seccomp or AppArmor profile (.p) as the API takes it: localhostProfile only with
+type Localhost (so that overriding the type alone never leaves the default's file name). */}}
+{{- define "tiergate.securityProfile" -}}
+type: {{ .p.type }}
+{{- if eq .p.type "Localhost" }}
+{{- if not .p.localhostProfile }}
+{{- fail (printf "%s: type Localhost needs localhostProfile (the profile installed on the nodes)" .where) }}
+{{- end }}
+localhostProfile: {{ .p.localhostProfile | quote }}
+{{- end }}
+{{- end -}}
+
 {{/* Whether anyone outside the cluster can reach the gateway. */}}
 {{- define "tiergate.public" -}}
 {{- if or .Values.gateway.ingress.enabled (has .Values.gateway.service.type (list "LoadBalancer" "NodePort")) }}true{{ end -}}
@@ -226,10 +279,6 @@ tiers:
   {{- else }}
     endpoints: []
   {{- end }}
-{{- end }}
-{{- if eq (include "tiergate.redisSource" .) "url" }}
-limits:
-  redis_url: {{ .Values.limits.redisUrl | quote }}
 {{- end }}
 {{- if .Values.jobs.enabled }}
 jobs:
