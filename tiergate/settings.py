@@ -83,6 +83,9 @@ class TimeoutSettings(_Section):
     connect_seconds: float = Field(2.0, gt=0)
     first_byte_seconds: float = Field(120.0, gt=0)
     between_chunks_seconds: float = Field(30.0, gt=0)
+    # The client's side: a relay write the client does not take within this long cuts the
+    # answer, so a client that stops reading cannot hold its admission slot and lease.
+    client_write_seconds: float = Field(30.0, gt=0)
 
 
 class RoutingSettings(_Section):

@@ -44,6 +44,10 @@ class FakeBehaviour:
     describes_routes: bool = True
     # A Set-Cookie header on every answer (as a sticky load balancer in front of vLLM sets).
     set_cookie: str | None = None
+    # Streams: each chunk's text is this many characters (0: "tok{i} "), and the usage
+    # chunk comes this long after the last content chunk.
+    chunk_chars: int = 0
+    usage_delay: float = 0.0
 
 
 @dataclass
@@ -253,12 +257,15 @@ class FakeVllm:
             }
         )
 
-    def _chunk(self, i: int, chat: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+    def _chunk(self, i: int, chat: bool, text: str | None = None) -> dict[str, Any]:
+        last = i == self.behaviour.chunks - 1 or text is not None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if last else None}
+        if text is None:
+            text = "x" * self.behaviour.chunk_chars if self.behaviour.chunk_chars else f"tok{i} "
         if chat:
-            choice["delta"] = {"content": f"tok{i} "}
+            choice["delta"] = {"content": text}
         else:
-            choice["text"] = f"tok{i} "
+            choice["text"] = text
         return {
             "id": "fake-1",
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -329,7 +336,13 @@ class FakeVllm:
         b = self.behaviour
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(b.chunks):
+        # Scripted replies (for the gateway, which streams non-streamed requests from the
+        # engine): the reply in one chunk, after the delay a non-streamed answer has.
+        reply = None
+        if b.replies:
+            reply = b.replies.pop(0) if len(b.replies) > 1 else b.replies[0]
+            await asyncio.sleep(b.chunk_delay)
+        for i in range(1 if reply is not None else b.chunks):
             if i > 0 and b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
             if b.mode == "cut_stream" and i == 2:
@@ -340,7 +353,8 @@ class FakeVllm:
             if b.mode == "stall_stream" and i == 2:
                 await asyncio.sleep(3600)
             try:
-                await resp.write(b"data: " + json.dumps(self._chunk(i, chat)).encode() + b"\n\n")
+                chunk = self._chunk(i, chat, reply)
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             except ConnectionResetError:
                 self.record.cancelled += 1
                 return resp
@@ -348,6 +362,7 @@ class FakeVllm:
             return resp
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
+            await asyncio.sleep(b.usage_delay)
             usage = {
                 "prompt_tokens": 3,
                 "completion_tokens": b.chunks,

@@ -3,11 +3,10 @@ relay. Routes differ only as their :class:`~tiergate.gateway.routes.Route` says.
 
 from __future__ import annotations
 
-import asyncio
+import math
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -15,10 +14,12 @@ from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.auth import ON_BEHALF_OF, Caller
+from tiergate.gateway.clientwatch import ClientGone, DisconnectWatch
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.relay import BodyRelay, RelayResponse
 from tiergate.gateway.requestids import (
     INTERNAL_ID_HEADER,
     REQUEST_ID_HEADER,
@@ -45,13 +46,11 @@ from tiergate.gateway.upstreamhttp import UpstreamClient
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
-T = TypeVar("T")
-
 OVERHEAD_HEADER = "x-tiergate-overhead-ms"
 
-
-class _ClientGone(Exception):
-    pass
+# A non-streamed answer the gateway does not rewrite (no `service_tier` to echo) is passed
+# through as it arrives above this size (or of no declared size), rather than held whole.
+_RELAY_ABOVE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +63,7 @@ class RequestContext:
     path: str
     req: InspectedRequest
     lease: Lease
-    watch: _DisconnectWatch
+    watch: DisconnectWatch
     headers: dict[str, str]
     fields: dict[str, Any]
     # time.perf_counter() when the request arrived and when its upstream call began.
@@ -100,7 +99,7 @@ class CompletionsProxy:
         return any(model in pool.model_names for pool in self._pools.values())
 
     async def handle(self, request: Request, path: str) -> Response:
-        watch = _DisconnectWatch(request)
+        watch = DisconnectWatch(request)
         response: Response | None = None
         lease: Lease | None = None
         try:
@@ -108,12 +107,12 @@ class CompletionsProxy:
             return response
         finally:
             watch.close()
-            # A stream's lease ends with the stream; every other one ends here at the latest.
-            if lease is not None and not isinstance(response, EventStreamResponse):
+            # A relay's lease ends with the relay; every other one ends here at the latest.
+            if lease is not None and not isinstance(response, RelayResponse):
                 lease.end(None)
 
     async def _handle(
-        self, request: Request, path: str, watch: _DisconnectWatch
+        self, request: Request, path: str, watch: DisconnectWatch
     ) -> tuple[Response, Lease | None]:
         started = time.perf_counter()
         # The lease and vLLM get the gateway's own id; the client's is only echoed/logged.
@@ -156,7 +155,7 @@ class CompletionsProxy:
             )
         except OpenAIError as err:
             return self._refuse(err, path, started, headers, fields), lease
-        except (_ClientGone, ClientDisconnect):
+        except (ClientGone, ClientDisconnect):
             self._metrics.client_disconnects.labels("none").inc()
             return Response(status_code=499), lease
         headers.update(
@@ -186,9 +185,13 @@ class CompletionsProxy:
     async def _complete(self, ctx: RequestContext, opened: Opened) -> Response:
         tier = opened.tier
         req = ctx.req
+        if not req.route.echoes_tier:
+            length = opened.response.length
+            if length is None or length > _RELAY_ABOVE_BYTES:
+                return self._relay_body(ctx, opened)
         try:
             raw = await ctx.watch.race(opened.response.read())
-        except (_ClientGone, ClientDisconnect):
+        except (ClientGone, ClientDisconnect):
             opened.release()
             self._metrics.client_disconnects.labels(tier.value).inc()
             self._finish(ctx.fields, ctx.started, ctx.path, tier, req.model, 499, overhead=None)
@@ -221,6 +224,45 @@ class CompletionsProxy:
         self._finish(ctx.fields, ctx.started, ctx.path, tier, req.model, 200, overhead=overhead)
         return Response(raw, media_type="application/json", headers=ctx.headers)
 
+    def _relay_body(self, ctx: RequestContext, opened: Opened) -> Response:
+        """A large answer that the gateway need not rewrite goes through as it arrives."""
+        tier = opened.tier
+        relay = BodyRelay(opened)
+        ctx.headers[OVERHEAD_HEADER] = f"{ctx.gateway_seconds() * 1000.0:.3f}"
+        length = opened.response.length
+        if length is not None:
+            ctx.headers["content-length"] = str(length)
+
+        def finish(error: str | None) -> None:
+            opened.release()
+            usage = relay.usage()
+            ctx.lease.end(usage)
+            if usage is not None:
+                self._count_tokens(tier, ctx.req.model, usage)
+            if error is not None:
+                ctx.fields["relay_error"] = error
+            status = 200 if relay.complete else 502 if relay.broken else 499
+            if status == 499:
+                self._metrics.client_disconnects.labels(tier.value).inc()
+            self._finish(
+                ctx.fields,
+                ctx.started,
+                ctx.path,
+                tier,
+                ctx.req.model,
+                status,
+                overhead=ctx.gateway_seconds(),
+            )
+
+        content_type = opened.response.headers.get("content-type", "application/json")
+        return RelayResponse(
+            relay.body(),
+            finish,
+            self._settings.timeouts.client_write_seconds,
+            headers=ctx.headers,
+            media_type=content_type,
+        )
+
     # -- streaming -------------------------------------------------------------------------
 
     def _stream(self, ctx: RequestContext, opened: Opened) -> Response:
@@ -236,7 +278,7 @@ class CompletionsProxy:
                 return
             finished = True
             opened.release()
-            ctx.lease.end(result.usage)
+            ctx.lease.end(result.usage or self._relayed_usage(ctx, result))
             if result.error is not None:
                 self._metrics.stream_errors.labels(tier.value, result.error).inc()
                 fields["stream_error"] = result.error
@@ -282,7 +324,15 @@ class CompletionsProxy:
             finish,
         )
         ctx.headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        return EventStreamResponse(body, cleanup=lambda: finish(outcome), headers=ctx.headers)
+
+        def cleanup(error: str | None) -> None:
+            if error is not None and outcome.error is None and not finished:
+                outcome.error = error
+            finish(outcome)
+
+        return EventStreamResponse(
+            body, cleanup, self._settings.timeouts.client_write_seconds, headers=ctx.headers
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -346,6 +396,18 @@ class CompletionsProxy:
         )
         return err.to_response(headers)
 
+    def _relayed_usage(self, ctx: RequestContext, result: StreamOutcome) -> dict[str, Any]:
+        """What a stream that ended without usage is charged: the prompt's estimate and the
+        text relayed so far, in the same characters-per-token estimate."""
+        per_token = self._settings.limits.chars_per_token
+        completion = math.ceil(result.relayed_chars / per_token)
+        prompt = ctx.lease.estimate
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
     def _count_tokens(self, tier: Tier, model: str, usage: dict[str, Any]) -> None:
         # Chat, completions and pooling routes say prompt/completion; responses input/output.
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
@@ -406,58 +468,3 @@ def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
         if key is not None and key not in found:
             found[key] = value.decode("latin-1")
     return found
-
-
-class _DisconnectWatch:
-    """Cancels the request's own task when the client goes away during a :meth:`race`, which
-    closes the upstream connection and makes vLLM abort the request. One watcher task per
-    request and no extra task per await: this sits on the hot path.
-
-    The watcher task starts only once the request has waited ``WATCH_AFTER_SECONDS``: most
-    answers come sooner and then cost a timer handle instead of a task (its creation,
-    wait and cancellation were about 5% of a proxied request's CPU). A client gone
-    earlier is still noticed then: the disconnect waits in ``receive``."""
-
-    WATCH_AFTER_SECONDS = 0.002
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        self._owner = asyncio.current_task()
-        self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._gone = False
-
-    async def race(self, work: Awaitable[T]) -> T:
-        if self._watcher is None and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(
-                self.WATCH_AFTER_SECONDS, self._start
-            )
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if self._gone and self._owner is not None:
-                self._owner.uncancel()
-                raise _ClientGone from None
-            raise
-
-    def _start(self) -> None:
-        self._timer = None
-        if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._wait())
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._watcher is not None:
-            self._watcher.cancel()
-            self._watcher = None
-
-    async def _wait(self) -> None:
-        while True:
-            message = await self._request.receive()
-            if message["type"] == "http.disconnect":
-                self._gone = True
-                if self._owner is not None:
-                    self._owner.cancel()
-                return

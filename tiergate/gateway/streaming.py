@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from tiergate.gateway.errors import from_upstream, sse_error_event
+from tiergate.gateway.relay import RelayResponse
 from tiergate.gateway.upstream import Opened
 
 _DONE = b"data: [DONE]\n\n"
@@ -34,6 +33,9 @@ class StreamOutcome:
     completed: bool = False
     cancelled: bool = False
     processing_seconds: float = 0.0
+    # Characters of generated text relayed: what a stream that ends without usage is
+    # charged for (a client that leaves before the usage chunk must not dodge its tokens).
+    relayed_chars: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,14 +78,40 @@ class ChunkRewriter:
         if usage:
             self._outcome.usage = usage
         choices = obj.get("choices")
-        if self._outcome.first_token_at is None and choices:
-            self._outcome.first_token_at = time.perf_counter()
+        if choices:
+            if self._outcome.first_token_at is None:
+                self._outcome.first_token_at = time.perf_counter()
+            self._outcome.relayed_chars += _generated_chars(choices)
         if not self._wants_usage:
             if not choices and usage:
                 return None
             obj.pop("usage", None)
         obj["service_tier"] = self._tier
         return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _generated_chars(choices: Any) -> int:
+    """The generated text's characters in one chunk's choices (content, text, reasoning
+    and tool-call arguments: what the engine spent tokens on)."""
+    count = 0
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        text = choice.get("text")
+        if isinstance(text, str):
+            count += len(text)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for name in ("content", "reasoning_content", "reasoning"):
+                part = delta.get(name)
+                if isinstance(part, str):
+                    count += len(part)
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                arguments = function.get("arguments") if isinstance(function, dict) else None
+                if isinstance(arguments, str):
+                    count += len(arguments)
+    return count
 
 
 _TERMINAL_RESPONSE_EVENTS = frozenset(
@@ -125,8 +153,11 @@ class ResponseEventRewriter:
             self._sequence = obj["sequence_number"]
         if kind == "error":
             self._outcome.error = "upstream_error_event"
-        if self._outcome.first_token_at is None and kind == "response.output_text.delta":
-            self._outcome.first_token_at = time.perf_counter()
+        if kind == "response.output_text.delta":
+            if self._outcome.first_token_at is None:
+                self._outcome.first_token_at = time.perf_counter()
+            delta = obj.get("delta")
+            self._outcome.relayed_chars += len(delta) if isinstance(delta, str) else 0
         response = obj.get("response")
         if not isinstance(response, dict):
             return event + b"\n\n"
@@ -196,28 +227,7 @@ async def relay_events(
         on_finish(outcome)
 
 
-class EventStreamResponse(StreamingResponse):
-    """A streaming response that notices a client disconnect even while upstream is silent
-    (Starlette only notices on the next write under ASGI 2.4), so the upstream request is
-    cancelled at once. ``cleanup`` runs however the response ends, even when the body
-    iterator never started."""
+class EventStreamResponse(RelayResponse):
+    """A relayed event stream."""
 
-    def __init__(
-        self, content: AsyncIterator[bytes], cleanup: Callable[[], None], **kwargs: Any
-    ) -> None:
-        super().__init__(content, media_type="text/event-stream", **kwargs)
-        self._cleanup = cleanup
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
-        listen = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        try:
-            await asyncio.wait({stream, listen}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (stream, listen):
-                task.cancel()
-            results = await asyncio.gather(stream, listen, return_exceptions=True)
-            self._cleanup()
-        failure = results[0]
-        if isinstance(failure, Exception) and not isinstance(failure, OSError):
-            raise failure
+    media_type = "text/event-stream"

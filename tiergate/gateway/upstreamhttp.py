@@ -250,17 +250,32 @@ class UpstreamResponse:
             await conn.wait(self._read_timeout)
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body. What has arrived is taken while the rest comes, so that a body
+        over the read high-water mark keeps the connection reading (else it would stop
+        at the mark and wait for a completion that can no longer come)."""
         conn = self._conn
+        parts: list[bytes] | None = None  # only for a body over the mark: no list per read
         while not conn.complete:
             if conn.error is not None:
                 raise conn.error
             if self._done:
                 raise UpstreamDisconnected("the answer was closed before it was read")
+            if conn.buffered > _READ_HIGH_WATER:
+                parts = parts or []
+                parts.append(conn.take_body())
             await conn.wait(self._read_timeout)
         data = conn.take_body()
         self.close()
+        if parts is not None:
+            parts.append(data)
+            return b"".join(parts)
         return data
+
+    @property
+    def length(self) -> int | None:
+        """The body's declared length (``content-length``), or None when not declared."""
+        declared = self.headers.get("content-length")
+        return int(declared) if declared is not None and declared.isdigit() else None
 
     def close(self) -> None:
         if self._done:
