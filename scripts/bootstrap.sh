@@ -15,7 +15,9 @@ WANT=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 # `make test` runs and which fails, rather than skips, without them. libseccomp2: the job
 # sandbox's system-call filter (the pyseccomp package loads it). mmdebstrap: job environments
 # (`tiergate env build`, tests/jobs/test_environments.py, `tiergate bench sandbox`).
-apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap libseccomp2 nginx-light wrk mmdebstrap)
+# apparmor: its parser checks the chart's AppArmor profile for the workers (tests/helm).
+apt_packages=(libtcmalloc-minimal4 redis-server bubblewrap libseccomp2 nginx-light wrk mmdebstrap
+  apparmor)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

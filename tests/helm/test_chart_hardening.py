@@ -5,6 +5,7 @@ chart's seccomp and AppArmor profiles, and worker pods with memory beside their 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,18 @@ def test_bubblewrap_runs_the_sandbox_under_the_seccomp_profile() -> None:
     }
     refused = _bubblewrap_under(denying)
     assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
+
+
+def test_the_apparmor_profile_parses() -> None:
+    parser = shutil.which("apparmor_parser") or shutil.which("/usr/sbin/apparmor_parser")
+    assert parser, "apparmor_parser is missing: scripts/bootstrap.sh installs apparmor"
+    # -Q: compile only, load nothing into a kernel; -K: no cache.
+    parsed = subprocess.run(
+        [parser, "-Q", "-K", "-S", str(chart.CHART / "files/apparmor/tiergate-bwrap")],
+        capture_output=True,
+        check=False,
+    )
+    assert parsed.returncode == 0 and parsed.stdout, parsed.stderr.decode()
 
 
 def _mebibytes(quantity: str) -> int:
