@@ -10,13 +10,14 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.servers import free_port, gateway_settings, running_gateway
 from tiergate.engine.process import Engine, start_vllm, stop_process_group, wait_ready
 from tiergate.quant.prepare import prepare_profile_model
-from tiergate.settings import DEFAULT_MODEL_NAME, Recipe, load_settings
+from tiergate.settings import DEFAULT_MODEL_NAME, Recipe, Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning.profiles import recipe_profile
 
@@ -78,11 +79,15 @@ def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Tier
             stop_process_group(server.proc)
 
 
+def engine_gateway_settings(servers: dict[Tier, VllmServer], **overrides: Any) -> Settings:
+    """A test gateway's settings over the session's two vLLM servers."""
+    return gateway_settings([servers[Tier.STANDARD].url], [servers[Tier.FAST].url], **overrides)
+
+
 @pytest.fixture(scope="session")
 def gateway(vllm_servers: dict[Tier, VllmServer]) -> Iterator[str]:
-    settings = gateway_settings(
-        [vllm_servers[Tier.STANDARD].url],
-        [vllm_servers[Tier.FAST].url],
+    settings = engine_gateway_settings(
+        vllm_servers,
         timeouts={"first_byte_seconds": 120.0, "between_chunks_seconds": 60.0},
         health={"eject_after_failures": 1, "cooldown_seconds": 600},
     )

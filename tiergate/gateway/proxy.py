@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
+from tiergate.gateway.assemble import read_assembled
 from tiergate.gateway.auth import ON_BEHALF_OF, Caller
 from tiergate.gateway.clientwatch import ClientGone, DisconnectWatch
 from tiergate.gateway.errors import OpenAIError, from_upstream
@@ -189,8 +190,19 @@ class CompletionsProxy:
             length = opened.response.length
             if length is None or length > _RELAY_ABOVE_BYTES:
                 return self._relay_body(ctx, opened)
+        data: Any = None
+        assembling = 0.0
+        # An engine that answers a stream request with a plain body (one that ignores
+        # `stream`, a static stand-in) is read as a plain answer.
+        assembled = req.assembled and _is_event_stream(opened.response.headers)
         try:
-            raw = await ctx.watch.race(opened.response.read())
+            if assembled:
+                chat = req.route.path == "/v1/chat/completions"
+                assembly = read_assembled(opened, self._settings.timeouts, req.body, chat)
+                data, assembling = await ctx.watch.race(assembly)
+                raw = b""
+            else:
+                raw = await ctx.watch.race(opened.response.read())
         except (ClientGone, ClientDisconnect):
             opened.release()
             self._metrics.client_disconnects.labels(tier.value).inc()
@@ -205,12 +217,16 @@ class CompletionsProxy:
                 code="upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_error",
             )
             return self._refuse(err, ctx.path, ctx.started, ctx.headers, ctx.fields, tier)
+        except OpenAIError as err:  # an error event in an assembled stream
+            opened.release()
+            return self._refuse(err, ctx.path, ctx.started, ctx.headers, ctx.fields, tier)
         opened.release()
         received = time.perf_counter()
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            data = None
+        if not assembled:
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = None
         if isinstance(data, dict):
             if req.route.echoes_tier:
                 data["service_tier"] = tier.openai_name
@@ -219,7 +235,7 @@ class CompletionsProxy:
                 self._count_tokens(tier, req.model, usage)
                 ctx.lease.end(usage)
             raw = orjson.dumps(data)
-        overhead = ctx.gateway_seconds() + (time.perf_counter() - received)
+        overhead = ctx.gateway_seconds() + assembling + (time.perf_counter() - received)
         ctx.headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
         self._finish(ctx.fields, ctx.started, ctx.path, tier, req.model, 200, overhead=overhead)
         return Response(raw, media_type="application/json", headers=ctx.headers)
@@ -444,6 +460,10 @@ class CompletionsProxy:
         if self._access_log is not None:
             fields.update(status=status, latency_ms=round(elapsed * 1000.0, 3))
             self._access_log.write(fields)
+
+
+def _is_event_stream(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").startswith("text/event-stream")
 
 
 def _framework_not_found(raw: bytes) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from tiergate.gateway.assemble import assembles
 from tiergate.gateway.emptyinput import refuse_empty_input
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.policy import AskedTier, Needs, Reason
@@ -33,6 +34,9 @@ class InspectedRequest:
     fast_compatible: bool
     prefix_key: int | None
     prompt_chars: int
+    # Non-streamed, but asked of the engine as a stream and assembled by the gateway
+    # (tiergate.gateway.assemble), so that time-outs measure liveness, not length.
+    assembled: bool = False
 
     @property
     def needs(self) -> Needs:
@@ -164,6 +168,7 @@ def inspect(
     _check_max_tokens(body, route.max_token_fields, max_tokens_limit)
     refuse_empty_input(route.path, body)
     parts = route.prompt(body)
+    assembled = not stream and route.asks_stream_usage and assembles(body)
     return InspectedRequest(
         body=body,
         route=route,
@@ -174,15 +179,20 @@ def inspect(
         fast_compatible=not route.sampling or fast_compatible(body),
         prefix_key=prefix_key(parts, prefix_chars),
         prompt_chars=sum(len(p) for p in parts),
+        assembled=assembled,
     )
 
 
 def upstream_body(req: InspectedRequest) -> bytes:
     """The body sent to vLLM: the client's, less ``service_tier`` (the gateway's business),
-    with usage requested on streams so that tokens are always counted."""
+    with usage requested on streams so that tokens are always counted; an assembled
+    request is sent as a stream."""
     body = dict(req.body)
     body.pop("service_tier", None)
-    if req.stream and req.route.asks_stream_usage and not req.wants_usage:
+    if req.assembled:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    elif req.stream and req.route.asks_stream_usage and not req.wants_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body["stream_options"] = options
