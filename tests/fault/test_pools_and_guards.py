@@ -102,7 +102,14 @@ def test_bad_requests_get_the_envelope_and_reach_no_backend(fakes: list[FakeVllm
             (b"{not json", 400, "invalid_json", None),
             (b"[1, 2]", 400, "invalid_json", None),
             (b'{"messages": []}', 400, None, "model"),
-            (b'{"model": "nope", "messages": []}', 404, "model_not_found", "model"),
+            (
+                b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}',
+                404,
+                "model_not_found",
+                "model",
+            ),
+            # Well-formed but empty: vLLM would fail on it; the gateway refuses it itself.
+            (b'{"model": "fake-model", "messages": []}', 400, "empty_array", "messages"),
             (
                 b'{"model": "fake-model", "service_tier": "turbo"}',
                 400,

@@ -304,10 +304,36 @@ _SERVICE_TIER_FIELD: dict[str, Any] = {
 }
 
 
+# The fields the gateway refuses empty (tiergate/gateway/emptyinput.py), per route.
+_NON_EMPTY = {
+    "/v1/chat/completions": ("messages",),
+    "/v1/completions": ("prompt",),
+    "/v1/embeddings": ("input",),
+    "/v1/responses": ("input",),
+}
+
+
+def _non_empty(node: Any) -> None:
+    """Say in ``node`` (a field's schema, not into shared components) that arrays and
+    strings in it hold at least one item or character."""
+    if not isinstance(node, dict) or "$ref" in node:
+        return
+    if node.get("type") == "array":
+        node["minItems"] = 1
+        _non_empty(node.get("items"))
+    elif node.get("type") == "string" and "enum" not in node and "const" not in node:
+        node["minLength"] = 1
+    for key in ("anyOf", "oneOf"):
+        for option in node.get(key, []):
+            _non_empty(option)
+
+
 def _with_gateway_fields(schema: dict[str, Any], route: Route, limit: int) -> dict[str, Any]:
     schema = copy.deepcopy(schema)
     for obj in _objects(schema):
         props = obj.setdefault("properties", {})
+        for name in _NON_EMPTY.get(route.path, ()):
+            _non_empty(props.get(name))
         props["model"] = dict(_MODEL_FIELD)
         required = [name for name in obj.get("required", []) if name != "model"]
         obj["required"] = ["model", *required]
