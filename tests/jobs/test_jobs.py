@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +276,25 @@ def test_job_whose_verifier_fails_completes_with_passed_false(
         assert final["result"] == {"passed": False, "reward": None, "verifier_exit_code": 1}
         log = httpx.get(final["artifacts"]["verifier_log"]).text
         assert log.strip() == "expected 42, got 41"  # the verifier's own output, whole
+
+
+def test_concurrent_creates_with_one_idempotency_key_give_one_job(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    senders = 8
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"max_outstanding_jobs": 20}) as stack:
+        start = threading.Barrier(senders)
+
+        def create(_: int) -> httpx.Response:
+            start.wait(10)  # every create in flight at once
+            return httpx.post(
+                f"{stack.base}/v1/jobs", json=TASK, headers={"idempotency-key": "race-1"}
+            )
+
+        with ThreadPoolExecutor(senders) as pool:
+            answers = list(pool.map(create, range(senders)))
+        assert [a.status_code for a in answers] == [200] * senders, [a.text for a in answers]
+        ids = {a.json()["id"] for a in answers}
+        assert len(ids) == 1
+        assert [m["id"] for m in topic_messages(stack.jobs, stack.jobs.kafka.topic)] == [*ids]
+        assert len(httpx.get(f"{stack.base}/v1/jobs").json()["data"]) == 1

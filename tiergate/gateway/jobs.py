@@ -230,10 +230,14 @@ class JobsAPI:
                 job_id = bound  # a retry of a create that failed before its record
         job = self._jobs.new_job(job_id, caller.name, spec)
         try:
-            await asyncio.to_thread(self._jobs.create, job, spec)
+            created = await asyncio.to_thread(self._jobs.create, job, spec)
         except StorageError as exc:
             await self._undo(job, digest)
             raise unavailable("store", exc) from exc
+        if not created:
+            # Another create with this Idempotency-Key recorded the job first: it enqueues
+            # it, and this one answers with its job.
+            return await self._created_by_another(job_id, headers)
         try:
             await asyncio.to_thread(
                 self._queue.enqueue, JobMessage(id=job.id, owner=job.owner, spec=spec)
@@ -245,6 +249,18 @@ class JobsAPI:
             await self._undo(job, digest)
             raise unavailable("queue", exc) from exc
         return json_response(job.public({}), headers=headers)
+
+    async def _created_by_another(self, job_id: str, headers: dict[str, str]) -> Response:
+        existing = await self._storage(self._store.get, job_id)
+        if existing is None:  # that create has just failed and undone its record
+            raise OpenAIError(
+                409,
+                "Another request with this Idempotency-Key failed just now; retry.",
+                param="Idempotency-Key",
+                code="idempotency_conflict",
+                headers={"retry-after": "1", **headers},
+            )
+        return json_response(await self._public(existing), headers=headers)
 
     async def _undo(self, job: Job, digest: Any) -> None:
         await asyncio.to_thread(self._jobs.discard, job)

@@ -78,10 +78,13 @@ class JobLifecycle:
             environment=spec.environment,
         )
 
-    def create(self, job: Job, spec: JobCreate) -> None:
-        """Record an accepted job (before its message is produced)."""
-        self._store.create(job, spec)
+    def create(self, job: Job, spec: JobCreate) -> bool:
+        """Record an accepted job (before its message is produced); False when a job with
+        its id is recorded already (then the caller must not enqueue it)."""
+        if not self._store.create(job, spec):
+            return False
         self._emit(job.id, "job.queued", status="queued")
+        return True
 
     def discard(self, job: Job) -> None:
         """The job's message never reached the broker: it was never accepted."""

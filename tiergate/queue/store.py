@@ -70,11 +70,21 @@ class JobStore:
     def _pending_key(self, owner: str, job_id: str) -> str:
         return f"{self._prefix}pending/{owner}/{job_id}"
 
-    def create(self, job: Job, spec: JobCreate) -> None:
+    def create(self, job: Job, spec: JobCreate) -> bool:
+        """Record a new job; False, writing nothing, when a job with its id is recorded
+        already. The status record is written first and only if absent (``If-None-Match``):
+        two creates given one id (one ``Idempotency-Key``) race here, and only the one
+        whose record lands enqueues the job."""
+        if not self.objects.put_once(
+            self._key(job.id, "status.json"),
+            job.model_dump_json().encode(),
+            content_type="application/json",
+        ):
+            return False
         self.objects.put(self._key(job.id, "spec.json"), spec.model_dump_json().encode())
-        self.put_status(job)
         self.objects.put(self._pending_key(job.owner, job.id), str(job.created_at).encode())
         self.objects.put(self._index_key(job), b"")
+        return True
 
     def delete(self, job: Job) -> None:
         """Undo :meth:`create` (the job was never enqueued); best effort."""
