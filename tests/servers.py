@@ -17,7 +17,10 @@ from tiergate.settings import Settings, load_settings
 
 
 def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> Settings:
-    """Settings for a test gateway: quick health checks and a short ejection cool-down."""
+    """Settings for a test gateway: quick health checks and a short ejection cool-down, and
+    /metrics on the serving port (opted in, no second listener), so that tests read it where
+    they send requests and gateways side by side need no port each; tests/fault/
+    test_exposure.py covers the default (its own port only)."""
     tree: dict[str, Any] = {
         "tiers": {"standard": {"endpoints": standard}, "fast": {"endpoints": fast}},
         "health": {
@@ -31,7 +34,7 @@ def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> 
             "first_byte_seconds": 10.0,
             "between_chunks_seconds": 5.0,
         },
-        "gateway": {"log_requests": False},
+        "gateway": {"log_requests": False, "metrics_port": None, "metrics_on_serving_port": True},
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(tree.get(key), dict):

@@ -146,9 +146,13 @@ class GatewaySettings(_Section):
     # The tuner's decision (what each tier runs and the evidence), shown at /v1/tiers and in
     # /metrics; the local stack points this at the decision it serves.
     tier_evidence_file: str | None = None
-    # None: /metrics on the main port. Set: /metrics only on a second listener on this port
-    # (same host, same process and registry), and the main port answers 404 for it.
-    metrics_port: int | None = Field(None, ge=0, le=65535)
+    # /metrics names every key and every engine address: by default it is served only on a
+    # second listener (this port, on ``metrics_host`` or else ``host``; same process and
+    # registry; None: no such listener), and the serving port answers 404 for it unless
+    # ``metrics_on_serving_port`` opts in.
+    metrics_port: int | None = Field(9300, ge=0, le=65535)
+    metrics_host: str | None = None
+    metrics_on_serving_port: bool = False
     # /docs, /redoc and /openapi.json; off: 404.
     docs: bool = True
     # uvicorn's graceful shutdown: in-flight requests and streams get this long to finish.

@@ -147,6 +147,8 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
         _supervise_engine(supervisor, fast, plan.profile)
         verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         host, port = settings.gateway.host, settings.gateway.port
+        metrics_port = settings.gateway.metrics_port
+        metrics_host = settings.gateway.metrics_host or host
         name = standard_profile.served_model_name
         _say(
             f"gateway on http://{host}:{port}; try:\n"
@@ -154,6 +156,11 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
             f'-d \'{{"model": "{name}", "service_tier": "priority", '
             f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\'\n'
             f"  curl http://{host}:{port}/v1/tiers   # what each tier runs, and the evidence"
+            + (
+                f"\n  curl http://{metrics_host}:{metrics_port}/metrics  # Prometheus, apart"
+                if metrics_port is not None
+                else ""
+            )
             + (
                 f"\n  curl http://{host}:{port}/v1/jobs     # agent jobs (see the README)"
                 if jobs

@@ -13,6 +13,7 @@ import httpx
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.servers import free_port, gateway_settings, running_gateway
 from tiergate.gateway.auth import new_key
+from tiergate.settings import GatewaySettings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -23,10 +24,17 @@ def _port(base: str) -> int:
     return port
 
 
-def test_metrics_only_on_the_metrics_port(fakes: list[FakeVllm]) -> None:
-    metrics_port = free_port()
+def test_metrics_only_on_the_metrics_port_by_default(fakes: list[FakeVllm]) -> None:
+    default = GatewaySettings()
+    assert default.metrics_port is not None and not default.metrics_on_serving_port
+    metrics_port = free_port()  # the default's port, 9300, may be taken on a test machine
     settings = gateway_settings(
-        [fakes[0].url], [fakes[2].url], gateway={"metrics_port": metrics_port}
+        [fakes[0].url],
+        [fakes[2].url],
+        gateway={
+            "metrics_port": metrics_port,
+            "metrics_on_serving_port": default.metrics_on_serving_port,
+        },
     )
     with running_gateway(settings) as base:
         assert httpx.post(f"{base}/v1/chat/completions", json=CHAT).status_code == 200
@@ -51,7 +59,8 @@ def test_docs_off_serves_no_description(fakes: list[FakeVllm]) -> None:
             assert resp.status_code == 404, path
             assert resp.json()["error"]["code"] == "not_found"
         assert httpx.post(f"{base}/v1/chat/completions", json=CHAT).status_code == 200
-        assert httpx.get(f"{base}/metrics").status_code == 200  # no metrics_port: main port
+        # Opted in (tests.servers.gateway_settings): /metrics on the serving port.
+        assert httpx.get(f"{base}/metrics").status_code == 200
 
 
 def test_ready_while_every_tier_is_down() -> None:

@@ -38,7 +38,12 @@ def two_workers(fakes: list[FakeVllm], tmp_path: Path) -> Iterator[tuple[str, Pa
                     "fast": {"endpoints": [fakes[2].url]},
                 },
                 "health": {"interval_seconds": 0.5},
-                "gateway": {"log_requests": False},
+                # Scraped where the requests go: any process answers either way.
+                "gateway": {
+                    "log_requests": False,
+                    "metrics_port": None,
+                    "metrics_on_serving_port": True,
+                },
             }
         )
     )

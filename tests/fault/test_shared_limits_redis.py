@@ -3,15 +3,18 @@ Redis goes away (the gateways keep serving with local limits and say so)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
@@ -19,7 +22,9 @@ from tests.fault.helpers import metric_value
 from tests.servers import free_port
 from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
+from tiergate.gateway.limits import Limiter
 from tiergate.measure.ports import port_open
+from tiergate.settings import KeyLimits, LimitSettings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -105,7 +110,12 @@ def test_limit_holds_across_two_gateways_and_survives_redis_loss(
                     ],
                 },
                 "limits": {"redis_url": redis_server.url, "redis_retry_seconds": 60},
-                "gateway": {"log_requests": False},
+                # Two gateways side by side: /metrics on their serving ports, not one 9300.
+                "gateway": {
+                    "log_requests": False,
+                    "metrics_port": None,
+                    "metrics_on_serving_port": True,
+                },
             }
         )
     )
@@ -138,3 +148,67 @@ def test_limit_holds_across_two_gateways_and_survives_redis_loss(
             _, err = proc.communicate(timeout=10)
             logs.append(err.decode())
     assert any("redis unreachable" in log for log in logs)
+
+
+def test_a_replica_whose_clock_runs_ahead_keeps_the_others_leases(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = LimitSettings(redis_url=redis_server.url)
+    limits = KeyLimits(max_concurrent=2)
+    real_time = time.time
+
+    async def scenario() -> None:
+        honest, skewed = Limiter(settings), Limiter(settings)
+        try:
+            assert (await honest.admit("k", limits, 1, "a")).allowed
+            with monkeypatch.context() as patch:
+                # An hour ahead: past the honest replica's lease by its own clock.
+                patch.setattr(time, "time", lambda: real_time() + 3600)
+                assert (await skewed.admit("k", limits, 1, "b")).allowed
+                third = await skewed.admit("k", limits, 1, "c")
+            assert not third.allowed and third.reason == "concurrency"
+        finally:
+            await honest.close()
+            await skewed.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_renewed_past_its_first_expiry_still_counts(redis_server: RedisServer) -> None:
+    settings = LimitSettings(redis_url=redis_server.url)
+    limits = KeyLimits(max_concurrent=1)
+    store = redis.Redis.from_url(redis_server.url)
+    leases = "tiergate:rl:{k}:conc"
+
+    def redis_ms() -> float:
+        seconds, micros = store.time()
+        return seconds * 1000 + micros / 1000
+
+    async def scenario() -> None:
+        limiter = Limiter(settings, lease_ms=600)
+        try:
+            assert (await limiter.admit("k", limits, 1, "long")).allowed
+            first_expiry = store.zscore(leases, "long")
+            assert first_expiry is not None
+            # Redis's clock well past the first expiry (three renewals' worth), the request
+            # still running: its lease has been renewed and still holds the only slot.
+            await asyncio.to_thread(
+                eventually,
+                lambda: redis_ms() > first_expiry + 1200,
+                10,
+                0.05,
+                "Redis's clock past the lease's first expiry",
+            )
+            assert (store.zscore(leases, "long") or 0) > redis_ms()
+            refused = await limiter.admit("k", limits, 1, "next")
+            assert not refused.allowed and refused.reason == "concurrency"
+            limiter.settle("k", 0, "long", shared=True)
+            await asyncio.to_thread(
+                eventually, lambda: store.zcard(leases) == 0, 5, 0.05, "the lease ended"
+            )
+            assert (await limiter.admit("k", limits, 1, "next")).allowed
+        finally:
+            await limiter.close()
+            store.close()
+
+    asyncio.run(scenario())

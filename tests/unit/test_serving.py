@@ -17,7 +17,10 @@ from tiergate.settings import Settings, SettingsError, load_settings
 
 def test_defaults_keep_todays_behaviour() -> None:
     gateway = load_settings().gateway
-    assert gateway.metrics_port is None and gateway.docs
+    assert gateway.docs
+    # /metrics names keys and engines: on a port of its own by default, not the serving one.
+    assert gateway.metrics_port == 9300 and gateway.metrics_host is None
+    assert not gateway.metrics_on_serving_port
     assert uvicorn_options(gateway) == {
         "loop": "uvloop",
         "http": "httptools",

@@ -177,7 +177,7 @@ class _Processes:
                 proc.wait()
 
 
-def _gateway_env(nginx_port: int, stream_port: int, port: int) -> dict[str, str]:
+def _gateway_env(nginx_port: int, stream_port: int, port: int, metrics_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
@@ -188,6 +188,8 @@ def _gateway_env(nginx_port: int, stream_port: int, port: int) -> dict[str, str]
                 }
             ),
             "TIERGATE_GATEWAY__PORT": str(port),
+            # Each gateway's /metrics listener apart: they run side by side.
+            "TIERGATE_GATEWAY__METRICS_PORT": str(metrics_port),
         }
     )
     env.pop("TIERGATE_CONFIG", None)
@@ -292,10 +294,11 @@ def run_gateway_benchmark(
     n_streams = streams if streams is not None else max(5, int(10 * duration))
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
-    ports = free_ports(6 + len(workers))
+    ports = free_ports(6 + 2 * len(workers))
     nginx_port, stream_port, router_port, router_stream_port = ports[:4]
     router_metrics = ports[4:6]
-    gateway_ports = dict(zip(workers, ports[6:], strict=True))
+    gateway_ports = dict(zip(workers, ports[6 : 6 + len(workers)], strict=True))
+    gateway_metrics = dict(zip(workers, ports[6 + len(workers) :], strict=True))
     procs = _Processes(workdir)
     affinity = os.sched_getaffinity(0)
     runs: list[dict[str, Any]] = []
@@ -349,7 +352,7 @@ def run_gateway_benchmark(
                 [sys.executable, "-m", "tiergate", "serve", "--workers", str(n)]
                 if n != 1
                 else [sys.executable, "-m", "tiergate", "serve"],
-                env=_gateway_env(nginx_port, stream_port, port),
+                env=_gateway_env(nginx_port, stream_port, port, gateway_metrics[n]),
             )
         _wait(f"http://127.0.0.1:{nginx_port}/health")
         _wait(f"http://127.0.0.1:{stream_port}/health")

@@ -191,7 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.gateway.metrics_port is not None:
             listener = MetricsListener(
                 metrics.registry,
-                settings.gateway.host,
+                settings.gateway.metrics_host or settings.gateway.host,
                 settings.gateway.metrics_port,
                 reuse_port=metrics.multiprocess,
             )

@@ -19,11 +19,19 @@ from tiergate.settings import KeyLimits, LimitSettings
 
 log = logging.getLogger("tiergate.limits")
 
+# Every script reads the time from Redis: one clock for every replica, so that a replica
+# whose own clock runs ahead neither purges the others' leases nor refills their buckets.
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
 # KEYS: requests bucket, tokens bucket, concurrency set.
-# ARGV: now_ms, rpm, tpm, max_concurrent, token_cost, request_id, lease_ms.
+# ARGV: rpm, tpm, max_concurrent, token_cost, request_id, lease_ms.
 # Returns: allowed, reason, req_remaining, req_reset_ms, tok_remaining, tok_reset_ms, retry_ms.
-_ADMIT = """
-local now = tonumber(ARGV[1])
+_ADMIT = (
+    _NOW
+    + """
 local function peek(key, cap)
   if cap <= 0 then return -1, 0 end
   local rate = cap / 60000.0
@@ -32,8 +40,8 @@ local function peek(key, cap)
   local ts = tonumber(d[2]) or now
   return math.min(cap, tokens + math.max(0, now - ts) * rate), rate
 end
-local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local cost = tonumber(ARGV[5])
+local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
 local rq, rrate = peek(KEYS[1], rpm)
 local tk, trate = peek(KEYS[2], tpm)
 local inflight = 0
@@ -68,11 +76,26 @@ if tpm > 0 then
   redis.call('PEXPIRE', KEYS[2], 120000)
 end
 if conc > 0 then
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[6]), ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6]))
 end
 return {1, '', math.floor(rq), reset(rq, rpm, rrate), math.floor(tk), reset(tk, tpm, trate), 0}
 """
+)
+
+# KEYS: concurrency set. ARGV: lease_ms, then the ids of the leases still held. Only
+# leases still in the set are extended (XX): one settled meanwhile is not brought back.
+_RENEW = (
+    _NOW
+    + """
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], lease)
+return 1
+"""
+)
 
 # KEYS: tokens bucket, concurrency set. ARGV: token correction (actual - estimate), id.
 _SETTLE = """
@@ -83,8 +106,10 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
-# A concurrency lease outlives a crashed gateway by at most this long.
-LEASE_MS = 15 * 60 * 1000
+# A concurrency lease outlives a crashed gateway by at most this long; a live one renews
+# the leases of its requests in flight every third of it, so that a request holds its lease
+# however long it runs.
+LEASE_MS = 60 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +174,7 @@ class LocalLimiter:
         return min(cap, bucket.level + max(0.0, now - bucket.stamp) * rate), rate
 
     def admit(self, name: str, limits: KeyLimits, cost: int, request_id: str) -> Decision:
-        now = time.time() * 1000
+        now = time.monotonic() * 1000
         rpm, tpm, conc = (
             limits.requests_per_minute,
             limits.tokens_per_minute,
@@ -198,14 +223,25 @@ class LocalLimiter:
 
 
 class Limiter:
-    """Redis-backed limits with an in-process fallback."""
+    """Redis-backed limits with an in-process fallback.
 
-    def __init__(self, settings: LimitSettings) -> None:
+    A concurrency lease taken in Redis expires ``lease_ms`` after its last renewal (so that
+    a crashed replica's requests stop counting), and while the request runs this replica
+    renews it every third of that: a stream of any length keeps counting against
+    ``max_concurrent``.
+    """
+
+    def __init__(self, settings: LimitSettings, *, lease_ms: int = LEASE_MS) -> None:
         self._settings = settings
         self._local = LocalLimiter()
         self._redis = None
         self._admit = None
         self._settle = None
+        self._renew = None
+        self._lease_ms = lease_ms
+        # Per key name, the ids of the leases this replica holds in Redis.
+        self._leases: dict[str, set[str]] = {}
+        self._renewing: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self._pending: set[asyncio.Task[None]] = set()
         if settings.redis_url:
@@ -218,6 +254,7 @@ class Limiter:
             )
             self._admit = self._redis.register_script(_ADMIT)
             self._settle = self._redis.register_script(_SETTLE)
+            self._renew = self._redis.register_script(_RENEW)
 
     @property
     def shared(self) -> bool:
@@ -229,6 +266,9 @@ class Limiter:
         return self._redis is not None
 
     async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
         for task in list(self._pending):
             await asyncio.gather(task, return_exceptions=True)
         if self._redis is not None:
@@ -242,13 +282,12 @@ class Limiter:
                 f"tiergate:rl:{{{name}}}:conc",
             ]
             args: list[str | int] = [
-                int(time.time() * 1000),
                 limits.requests_per_minute or 0,
                 limits.tokens_per_minute or 0,
                 limits.max_concurrent or 0,
                 cost,
                 request_id,
-                LEASE_MS,
+                self._lease_ms,
             ]
             try:
                 raw = await self._admit(keys=keys, args=args)
@@ -256,6 +295,8 @@ class Limiter:
                 self._redis_failed(exc)
             else:
                 allowed, reason, rq, rr, tk, tr, retry = raw
+                if allowed and limits.max_concurrent:
+                    self._hold(name, request_id)
                 return Decision(
                     bool(allowed),
                     _text(reason),
@@ -274,6 +315,11 @@ class Limiter:
         if not shared or self._settle is None:
             self._local.settle(name, correction, request_id)
             return
+        held = self._leases.get(name)
+        if held is not None:
+            held.discard(request_id)
+            if not held:
+                del self._leases[name]
         task = asyncio.ensure_future(self._settle_redis(name, correction, request_id))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -287,6 +333,26 @@ class Limiter:
             )
         except Exception as exc:
             self._redis_failed(exc)
+
+    def _hold(self, name: str, request_id: str) -> None:
+        self._leases.setdefault(name, set()).add(request_id)
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.ensure_future(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Extend every lease held, every third of a lease, until none is held."""
+        assert self._renew is not None
+        while self._leases:
+            await asyncio.sleep(self._lease_ms / 3000)
+            for name, ids in list(self._leases.items()):
+                if not ids:
+                    continue
+                try:
+                    await self._renew(
+                        keys=[f"tiergate:rl:{{{name}}}:conc"], args=[self._lease_ms, *ids]
+                    )
+                except Exception as exc:
+                    self._redis_failed(exc)
 
     def _redis_failed(self, exc: Exception) -> None:
         if time.monotonic() >= self._down_until:

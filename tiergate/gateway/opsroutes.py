@@ -1,4 +1,5 @@
-"""Operations routes: liveness, readiness and (unless on its own port) ``/metrics``."""
+"""Operations routes: liveness, readiness and (only where the operator opts in,
+``gateway.metrics_on_serving_port``) ``/metrics``."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def register_ops_routes(app: FastAPI, settings: Settings) -> None:
         serving, tiers = tiers_serving(gateway_state(request))
         return _json({"ready": True, "tiers_serving": serving, "tiers": tiers})
 
-    if settings.gateway.metrics_port is not None:
+    if not settings.gateway.metrics_on_serving_port:
         return  # served by tiergate.gateway.metricsport on its own port only
 
     @app.get(
