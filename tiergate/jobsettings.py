@@ -133,6 +133,10 @@ class WorkerSettings(_Section):
     metrics_port: int = Field(9400, ge=0, le=65535)
     # /healthz fails when an idle worker thread has not beaten for this long.
     heartbeat_stale_seconds: float = Field(120.0, gt=0)
+    # A run's lease (tiergate.queue.lease): beaten every third of this; a run whose beat
+    # stopped this long (a worker killed, frozen or cut off from the store) is taken over
+    # by the job's next pickup, and a run taken over writes nothing more.
+    lease_seconds: float = Field(30.0, ge=1.0)
 
 
 class JobCaps(_Section):

@@ -23,7 +23,7 @@ from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.runner import JobRunner
 from tiergate.queue.store import JobStore
-from tiergate.queue.sweep import sweep
+from tiergate.queue.sweep import Sweeper
 from tiergate.queue.worker import Worker
 from tiergate.sandbox.cgroup import find_parent
 
@@ -139,24 +139,32 @@ def test_a_job_whose_message_was_lost_is_sent_again_then_failed(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     model.behaviour.replies = [SOLVE, "DONE"]
-    with jobs_stack(broker, s3, model, tmp_path) as stack:
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"requeue_after_seconds": 60}) as stack:
         store = JobStore(stack.jobs.storage)
         queue = JobQueue(stack.jobs.kafka)
         lifecycle = JobLifecycle(store)
         spec = JobCreate.model_validate(TASK)
+        clock = [1000.0]  # the sweeper's own monotonic clock, moved by hand
+        sweeper = Sweeper(store, queue, stack.jobs, clock=lambda: clock[0])
         # A gateway that died between recording a job and producing its message.
         lost = lifecycle.new_job("job_" + "1" * 32, "anonymous", spec)
         lifecycle.create(lost, spec)
-        assert sweep(store, queue, requeue_after=60) == 0  # not overdue yet
-        assert sweep(store, queue, requeue_after=60, now=time.time() + 61) == 1
-        assert sweep(store, queue, requeue_after=60, now=time.time() + 62) == 0  # once
+        assert sweeper.run() == 0  # found missing now: watched, not yet overdue
+        clock[0] += 59
+        assert sweeper.run() == 0
+        clock[0] += 2
+        assert sweeper.run() == 1  # missing for 61 s of the sweeper's watch: sent again
+        clock[0] += 100
+        assert sweeper.run() == 0  # its message is in the topic now: waiting its turn
         stack.start_worker()
         assert stack.wait(lost.id, lambda j: j["status"] in TERMINAL)["status"] == "completed"
-        # A re-sent job that still never ran is failed after another deadline.
+        # A re-sent job whose message is missing again is failed after another deadline.
         never = lifecycle.new_job("job_" + "2" * 32, "anonymous", spec)
         lifecycle.create(never, spec)
         assert store.mark_resent(never.id)  # as if re-sent, and that message lost too
-        assert sweep(store, queue, requeue_after=60, now=time.time() + 200) == 1
+        assert sweeper.run() == 0
+        clock[0] += 61
+        assert sweeper.run() == 1
         final = httpx.get(f"{stack.base}/v1/jobs/{never.id}").json()
         assert final["status"] == "failed" and final["error"]["code"] == "never_delivered"
         assert list(store.pending()) == []

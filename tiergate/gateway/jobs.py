@@ -119,7 +119,7 @@ class JobsAPI:
 
     async def _public(self, job: Job) -> dict[str, Any]:
         try:
-            artifacts = await asyncio.to_thread(self._store.artifact_urls, job.id)
+            artifacts = await asyncio.to_thread(self._store.artifact_urls, job.id, job.run)
         except StorageError:
             artifacts = {}
         return job.public(artifacts)

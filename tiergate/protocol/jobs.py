@@ -64,6 +64,9 @@ class Job(BaseModel):
     completed_at: int | None = None
     steps: int = 0
     attempts: int = 0
+    # The run (lease epoch, tiergate.queue.lease) that holds the job now, or that ended it:
+    # its artifacts are the job's.
+    run: int | None = None
     result: JobResult | None = None
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, str] | None = None

@@ -102,16 +102,17 @@ def store_artifacts(
     sandbox: Sandbox,
     trajectory: list[TrajectoryEntry],
     verifier_log: str | None,
+    run: int | None = None,
 ) -> None:
     lines = "".join(json.dumps(entry, default=str) + "\n" for entry in trajectory)
-    store.put_artifact(job_id, "trajectory", lines.encode())
+    store.put_artifact(job_id, "trajectory", lines.encode(), run)
     if verifier_log is not None:
-        store.put_artifact(job_id, "verifier_log", verifier_log.encode())
+        store.put_artifact(job_id, "verifier_log", verifier_log.encode(), run)
     # Written to a file beside the workspace and streamed up from it: a job may fill its
     # whole disk_mb, which the worker's memory is not sized for.
     archive = sandbox.archive()
     try:
-        store.put_artifact_file(job_id, "workspace", archive)
+        store.put_artifact_file(job_id, "workspace", archive, run)
     finally:
         archive.unlink(missing_ok=True)
 

@@ -78,3 +78,64 @@ def measure_lag(
         ) from exc
     finally:
         consumer.close(autocommit=False)
+
+
+def keys_ahead(
+    bootstrap_servers: str,
+    group: str,
+    topic: str,
+    timeout_s: float = 20.0,
+    client_options: dict[str, Any] | None = None,
+) -> set[str]:
+    """The keys (job ids) of every message on ``topic`` at or past ``group``'s committed
+    position: the backlog, and the records taken but not yet committed. Like
+    :func:`measure_lag` it assigns partitions itself (no rebalance, no commit), and reads
+    each partition up to the high watermark its fetches report. Raises
+    :class:`LagUnavailable` when it cannot read all of it in ``timeout_s``: a partial
+    answer would make present messages look lost."""
+    deadline = time.monotonic() + timeout_s
+    timeout_ms = max(1, int(timeout_s * 1000))
+    try:
+        consumer = KafkaConsumer(
+            **{**(client_options or {}), "bootstrap_servers": bootstrap_servers},
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+            fetch_max_wait_ms=50,
+        )
+    except (KafkaError, TimeoutError) as exc:
+        raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
+        ]
+        if not partitions:
+            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
+        starts = consumer.beginning_offsets(partitions, timeout_ms=timeout_ms)
+        consumer.assign(partitions)
+        for tp in partitions:
+            committed = consumer.committed(tp, timeout_ms=timeout_ms)
+            consumer.seek(tp, max(starts[tp], committed or 0))
+        keys: set[str] = set()
+        left = set(partitions)
+        while left:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise LagUnavailable(f"{topic!r} not read to its end in {timeout_s:g}s")
+            for records in consumer.poll(timeout_ms=min(200, left_ms)).values():
+                keys.update(r.key.decode() for r in records if r.key)
+            for tp in list(left):
+                high = consumer.highwater(tp)
+                if high is not None and consumer.position(tp) >= high:
+                    left.discard(tp)
+        return keys
+    except LagUnavailable:
+        raise
+    except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
+        raise LagUnavailable(
+            f"backlog of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        consumer.close(autocommit=False)

@@ -12,13 +12,17 @@ Rules it keeps:
 - one job's writes land in the order they are made: the worker's ``start`` may write in the
   background (``wait=False``, while the job's first command spawns: nothing a caller is
   promised depends on seeing "in_progress" before the command runs), and every later
-  change of that job waits for those writes first (:meth:`settle`).
+  change of that job waits for those writes first (:meth:`settle`);
+- a worker's writes of a job are fenced by its run's lease (:meth:`fence`,
+  tiergate.queue.lease): each checks the lease first, and a run taken over by another
+  raises :class:`~tiergate.queue.lease.Fenced` instead of writing.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +42,20 @@ class JobLifecycle:
         self._sequence: dict[str, int] = {}  # the last event number this process wrote
         self._pending: dict[str, Future[None]] = {}  # a job's writes still in flight
         self._writer: ThreadPoolExecutor | None = None
+        self._fences: dict[str, Callable[[], None]] = {}  # job id -> its lease's check
+
+    def fence(self, job_id: str, check: Callable[[], None] | None) -> None:
+        """Make every later write of ``job_id`` through here call ``check`` first (a
+        run's :meth:`~tiergate.queue.lease.RunLease.check`); None lifts it."""
+        if check is None:
+            self._fences.pop(job_id, None)
+        else:
+            self._fences[job_id] = check
+
+    def _guard(self, job_id: str) -> None:
+        check = self._fences.get(job_id)
+        if check is not None:
+            check()
 
     def _emit(self, job_id: str, kind: str, **data: Any) -> None:
         event = {"type": kind, "created_at": int(time.time()), **data}
@@ -114,6 +132,7 @@ class JobLifecycle:
         current: Job | None = None,
         last_sequence: int | None = None,
         wait: bool = True,
+        run: int | None = None,
     ) -> Job:
         """In progress; ``environment_digest``: the environment it runs in (tiergate.envs);
         ``current``: the job's record as the caller just read it (saves reading it again
@@ -129,6 +148,7 @@ class JobLifecycle:
         job.status = JobStatus.IN_PROGRESS
         job.started_at = int(time.time())
         job.attempts = deliveries
+        job.run = run
         job.error = None
         if last_sequence is not None:
             self._sequence.setdefault(job.id, last_sequence)
@@ -143,17 +163,22 @@ class JobLifecycle:
         return job
 
     def _write_start(self, job: Job, deliveries: int) -> None:
+        self._guard(job.id)
         self._store.put_status(job)
-        self._emit(job.id, "job.in_progress", status=job.status.value, attempt=deliveries)
+        self._emit(
+            job.id, "job.in_progress", status=job.status.value, attempt=deliveries, run=job.run
+        )
 
     def ran_in(self, job: Job, digest: str) -> None:
         """Record the digest of the environment a replay runs in (its original's)."""
         self.settle(job.id)
+        self._guard(job.id)
         job.environment_digest = digest
         self._store.put_status(job)
 
     def step(self, job: Job, entry: CommandEntry) -> None:
         self.settle(job.id)
+        self._guard(job.id)
         job.steps = entry["step"]
         self._store.put_status(job)
         self._emit(
@@ -167,6 +192,7 @@ class JobLifecycle:
 
     def verified(self, job: Job, result: JobResult) -> None:
         self.settle(job.id)
+        self._guard(job.id)
         job.result = result
         self._emit(
             job.id, "job.verified", exit_code=result.verifier_exit_code, reward=result.reward
@@ -174,6 +200,7 @@ class JobLifecycle:
 
     def retrying(self, job: Job, attempt: int, delay: float, error: str) -> None:
         self.settle(job.id, quiet=True)
+        self._guard(job.id)
         job.status = JobStatus.QUEUED
         job.error = {"code": "retrying", "message": error}
         self._store.put_status(job)
@@ -190,6 +217,7 @@ class JobLifecycle:
         """End the job once; returns the job as finally recorded (another writer's, if it
         got there first)."""
         self.settle(job.id, quiet=True)
+        self._guard(job.id)
         job.status = status
         job.completed_at = int(time.time())
         if error is not None:

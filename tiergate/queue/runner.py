@@ -18,12 +18,17 @@ What ends a job, and how:
   ``environment_not_found`` (the job's mistake, not the environment's: no breaker verdict);
   fetching or unpacking a registered one failing is an infrastructure failure (the breaker
   hears ``sandbox_start``; a storage error is retried like any other).
-Redelivery is normal: a job whose terminal record exists is not run again.
+Redelivery is normal: a job whose terminal record exists is not run again. A pickup
+takes the job's run lease first (tiergate.queue.lease): a job whose run is held by a live
+lease elsewhere is ``held`` (nothing written; the worker tries it again later), and a run
+taken over by another pickup is ``fenced``: its sandbox is killed and it writes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,9 +49,10 @@ from tiergate.queue.jobsandbox import (
     unpack_upload,
     verifier_verdict,
 )
+from tiergate.queue.lease import Fenced, Held, Leases, RunLease
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.pickup import read_pickup
+from tiergate.queue.pickup import Pickup, read_pickup
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.replay import (
     Replay,
@@ -61,7 +67,9 @@ from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
-Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned"]
+Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned", "held", "fenced"]
+# Outcomes after which the job's terminal record exists (its lease needs no release).
+_ENDED = ("finished", "dead", "skipped")
 # Called with (status, reason) when a job ends here, for the worker's metrics.
 Finished = Callable[[str, str], None]
 
@@ -86,6 +94,7 @@ class JobRunner:
         on_finished: Finished = lambda status, reason: None,
         metrics: WorkerMetrics | None = None,
         breakers: BreakerBoard | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -107,6 +116,9 @@ class JobRunner:
         self.picked_up = 0.0
         self.first_spawn: float | None = None
         self._early = EarlySandbox(settings.sandbox)
+        self._leases = leases or store.leases(settings.worker.lease_seconds)
+        self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
+        self._lease: RunLease | None = None
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
@@ -122,6 +134,12 @@ class JobRunner:
         if self._sandbox is not None:
             self._sandbox.kill()
 
+    def _fenced(self) -> None:
+        """Another pickup took this run over (called from the lease keeper's thread)."""
+        sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.kill()
+
     def _end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
         final = self._jobs.finish(job, status, **kwargs)
         self._on_finished(final.status.value, reason)
@@ -134,11 +152,13 @@ class JobRunner:
         self._early.make(message)
         try:
             return self._pickup(message)
+        except Fenced as exc:
+            log.warning("%s: it stops here and writes nothing more", exc)
+            return "fenced"
         finally:
             self._early.drop()
 
     def _pickup(self, message: JobMessage) -> Outcome:
-        environment = message.spec.environment
         reads = read_pickup(self._store, self._registry, self._breakers, message)
         final, current = reads.final, reads.current
         if final is not None:
@@ -149,6 +169,27 @@ class JobRunner:
             return "skipped"
         if message.resent and current is not None and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
+        taken = self._leases.take(message.id, self._holder)
+        if isinstance(taken, Held):
+            log.info("job %s: run %d is held by a live lease elsewhere", message.id, taken.epoch)
+            return "held"
+        taken.on_fenced = self._fenced
+        self._lease = taken
+        self._jobs.fence(message.id, taken.check)
+        outcome: Outcome = "fenced"
+        try:
+            outcome = self._leased(message, reads, taken)
+            return outcome
+        finally:
+            self._jobs.fence(message.id, None)
+            self._lease = None
+            if outcome not in _ENDED:
+                taken.release()
+            self._leases.done(taken)
+
+    def _leased(self, message: JobMessage, reads: Pickup, lease: RunLease) -> Outcome:
+        environment = message.spec.environment
+        current = reads.current
         if current is not None and reads.cancel_requested.result():
             self._end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
@@ -201,6 +242,7 @@ class JobRunner:
             current=current or self._jobs.new_job(message.id, message.owner, message.spec),
             last_sequence=reads.last_event,
             wait=False,
+            run=lease.epoch,
         )
         self._verdict = ("neutral", "")
         abandoned = False
@@ -208,6 +250,9 @@ class JobRunner:
             if isinstance(lookup, Exception):
                 raise lookup
             return self._run(job, message, lookup)
+        except Fenced:
+            abandoned = True  # the run that took over judges the environment
+            raise
         except Abandoned:
             abandoned = True  # it runs again (the probe too, if it was one): no verdict
             self._store.forget_delivery(message.id, deliveries)
@@ -468,11 +513,13 @@ class JobRunner:
         trajectory: list[TrajectoryEntry],
         verifier_log: str | None,
     ) -> None:
-        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log)
+        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log, job.run)
 
     # -- failure ----------------------------------------------------------------------------
 
     def _transient(self, job: Job, message: JobMessage, exc: Exception) -> Outcome:
+        if self._lease is not None:
+            self._lease.check()  # a fenced run schedules no retry
         worker = self._settings.worker
         log.warning("job %s attempt %d failed: %s", job.id, message.attempt, exc)
         if isinstance(exc, ModelUnavailable):

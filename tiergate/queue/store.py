@@ -9,7 +9,10 @@ Layout under ``{prefix}``:
                           once (If-None-Match), so two writers never overwrite an event
     {id}/deliveries/NNNN  one per pickup by a worker (survives redelivery)
     {id}/cancel           present once cancellation was asked for
-    {id}/artifacts/...    trajectory.jsonl, verifier.log, workspace.tar.gz
+    {id}/runs/NNNN[.beat] each run's lease and heartbeat (tiergate.queue.lease)
+    {id}/run-NNNN/artifacts/...   trajectory.jsonl, verifier.log, workspace.tar.gz of run
+                          NNNN (the terminal record's ``run`` names the one that counts;
+                          jobs of before leases: {id}/artifacts/...)
     {id}/result.json      the terminal job object, written once (If-None-Match: *), last
     index/{owner}/{13-digit inverted ms}_{id}   newest first, for listing
     pending/{owner}/{id}  present while the job is not finished (outstanding-job caps,
@@ -34,6 +37,7 @@ from typing import Any
 
 from tiergate.objectstore import ObjectStore, StorageError
 from tiergate.protocol import Job, JobCreate
+from tiergate.queue.lease import Leases
 from tiergate.settings import StorageSettings
 
 __all__ = ["ARTIFACTS", "JobStore", "StorageError"]
@@ -60,6 +64,10 @@ class JobStore:
 
     def ensure_bucket(self) -> None:
         self.objects.ensure_bucket()
+
+    def leases(self, ttl: float) -> Leases:
+        """The runs' leases over this layout (one per worker: it watches and beats them)."""
+        return Leases(self.objects, self._key, ttl)
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -239,24 +247,41 @@ class JobStore:
 
     # -- artifacts and uploads --------------------------------------------------------------
 
-    def put_artifact(self, job_id: str, name: str, body: bytes) -> None:
-        self.objects.put(self._key(job_id, ARTIFACTS[name]), body)
+    def _artifact_key(self, job_id: str, name: str, run: int | None) -> str:
+        rel = ARTIFACTS[name]
+        if name == "result" or not run:
+            return self._key(job_id, rel)
+        return self._key(job_id, f"run-{run:04d}/{rel}")
 
-    def put_artifact_file(self, job_id: str, name: str, path: Path) -> None:
+    def _run_of(self, job_id: str, run: int | None) -> int | None:
+        if run is not None:
+            return run
+        final = self.final(job_id)
+        return None if final is None else final.run
+
+    def put_artifact(self, job_id: str, name: str, body: bytes, run: int | None = None) -> None:
+        """Store run ``run``'s artifact ``name`` (None: a job of before leases)."""
+        self.objects.put(self._artifact_key(job_id, name, run), body)
+
+    def put_artifact_file(self, job_id: str, name: str, path: Path, run: int | None = None) -> None:
         """Store an artifact from a file on disk (the workspace's archive, up to the job's
         disk limit), streamed: multipart above 8 MiB, never whole in memory."""
-        self.objects.put_file(self._key(job_id, ARTIFACTS[name]), path)
+        self.objects.put_file(self._artifact_key(job_id, name, run), path)
 
-    def read_artifact(self, job_id: str, name: str) -> bytes | None:
-        """A job's artifact (one of :data:`ARTIFACTS`), or None when it was never stored."""
-        return self.objects.get(self._key(job_id, ARTIFACTS[name]))
+    def read_artifact(self, job_id: str, name: str, run: int | None = None) -> bytes | None:
+        """A job's artifact (one of :data:`ARTIFACTS`) from run ``run`` (None: the run its
+        terminal record names), or None when it was never stored."""
+        return self.objects.get(self._artifact_key(job_id, name, self._run_of(job_id, run)))
 
-    def artifact_urls(self, job_id: str) -> dict[str, str]:
-        present = set(self.objects.keys(self._key(job_id, "artifacts/")))
+    def artifact_urls(self, job_id: str, run: int | None = None) -> dict[str, str]:
+        """Presigned URLs of run ``run``'s artifacts (None: the terminal record's run)."""
+        run = self._run_of(job_id, run)
+        base = self._key(job_id, f"run-{run:04d}/" if run else "")
+        present = set(self.objects.keys(base + "artifacts/"))
         present |= set(self.objects.keys(self._key(job_id, "result.json")))
         urls = {}
-        for name, rel in ARTIFACTS.items():
-            key = self._key(job_id, rel)
+        for name in ARTIFACTS:
+            key = self._artifact_key(job_id, name, run)
             if key in present:
                 urls[name] = self.objects.presigned_url(key)
         return urls

@@ -1,58 +1,116 @@
 """The sweep: no accepted job stays queued forever, whatever happened between the object
-store and the broker.
+store and the broker, and no job is failed for waiting in a long backlog.
 
 A job is recorded in object storage before its message is produced; a gateway that dies
 in between, or a broker that loses an acknowledged message (an in-memory broker
 restarting), leaves a job ``queued`` with no message. Every worker sweeps the unfinished
-jobs now and then: a job still queued ``requeue_after_seconds`` after it was accepted is
-re-sent once (the first worker to claim the re-send does it; the message says ``resent``,
-and a worker runs a re-sent job only while it is still queued); a re-sent job still queued
-after another ``requeue_after_seconds`` is failed. A pending marker left behind by a job
-that finished is removed.
+jobs now and then, and decides from the broker, not from the job's age (issue 21, item 3):
+it reads the keys of every message at or past the group's committed position (the backlog
+and the records being run: :func:`tiergate.queue.lag.keys_ahead`). A queued job whose
+message is there is waiting its turn, however long that takes. One whose message is not
+there for ``requeue_after_seconds`` of this worker's own watching (its monotonic clock:
+no clock of another machine is compared) is re-sent once (the first worker to claim the
+re-send does it; the message says ``resent``, and a worker runs a re-sent job only while it
+is still queued); a re-sent job whose message is again absent for as long is failed
+``never_delivered``. A sweep that cannot read the whole backlog acts on nothing. A pending
+marker left behind by a job that finished is removed.
+
+Its cost: one read of the backlog's messages per sweep per worker (every
+``min(60 s, requeue_after_seconds / 4)``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from tiergate.protocol import JobMessage, JobStatus
+from tiergate.queue.lag import keys_ahead
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.store import JobStore
+from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.sweep")
 
 
-def sweep(store: JobStore, queue: JobQueue, requeue_after: float, now: float | None = None) -> int:
-    """One pass; returns how many jobs it re-sent or failed."""
-    now = time.time() if now is None else now
-    jobs = JobLifecycle(store)
-    acted = 0
-    for owner, job_id in list(store.pending()):
-        job = store.get(job_id)
-        if job is None or job.status.terminal:
-            store.drop_pending(owner, job_id)
-            continue
-        waiting = job.status is JobStatus.QUEUED and (job.error or {}).get("code") != "retrying"
-        if not waiting or now - job.created_at_ms / 1000 < requeue_after:
-            continue
-        resent = store.resent_at(job_id)
-        if resent is None:
-            spec = store.spec(job_id)
-            if spec is None or not store.mark_resent(job_id, now):
-                continue
-            queue.enqueue(JobMessage(id=job_id, owner=owner, spec=spec, resent=True))
-            log.warning("job %s was still queued after %.0fs: sent again", job_id, requeue_after)
-            acted += 1
-        elif now - resent >= requeue_after:
-            jobs.finish(
-                job,
-                JobStatus.FAILED,
-                error={
-                    "code": "never_delivered",
-                    "message": "the job's message never reached a worker, even when sent again",
-                },
+class Sweeper:
+    """One worker's sweeps; it remembers since when each job's message has been missing."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        queue: JobQueue,
+        settings: JobsSettings,
+        clock: Callable[[], float] = time.monotonic,
+        backlog: Callable[[], set[str]] | None = None,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._requeue_after = settings.requeue_after_seconds
+        self._clock = clock
+        kafka = settings.kafka
+        self._backlog = backlog or (
+            lambda: keys_ahead(
+                kafka.bootstrap_servers,
+                kafka.group,
+                kafka.topic,
+                client_options=kafka.client_options(),
             )
+        )
+        # job id -> (monotonic time its message was first found missing, resent marker)
+        self._missing: dict[str, tuple[float, float | None]] = {}
+
+    def run(self) -> int:
+        """One pass; returns how many jobs it re-sent or failed."""
+        pending = list(self._store.pending())
+        if not pending:
+            self._missing.clear()
+            return 0
+        ahead = self._backlog()  # raises when the backlog cannot be read whole
+        now = self._clock()
+        jobs = JobLifecycle(self._store)
+        acted = 0
+        watched: set[str] = set()
+        for owner, job_id in pending:
+            job = self._store.get(job_id)
+            if job is None or job.status.terminal:
+                self._store.drop_pending(owner, job_id)
+                continue
+            retrying = (job.error or {}).get("code") == "retrying"
+            if job.status is not JobStatus.QUEUED or retrying or job_id in ahead:
+                continue
+            watched.add(job_id)
+            resent = self._store.resent_at(job_id)
+            since, marker = self._missing.get(job_id, (now, resent))
+            if marker != resent:
+                since = now  # re-sent by another worker since: watch the new message
+            self._missing[job_id] = (since, resent)
+            if now - since < self._requeue_after:
+                continue
+            if resent is None:
+                spec = self._store.spec(job_id)
+                if spec is None or not self._store.mark_resent(job_id):
+                    continue
+                self._queue.enqueue(JobMessage(id=job_id, owner=owner, spec=spec, resent=True))
+                log.warning(
+                    "job %s: its message was not in the topic for %.0fs: sent again",
+                    job_id,
+                    self._requeue_after,
+                )
+                self._missing.pop(job_id, None)
+                watched.discard(job_id)
+            else:
+                jobs.finish(
+                    job,
+                    JobStatus.FAILED,
+                    error={
+                        "code": "never_delivered",
+                        "message": "the job's message never reached a worker, even when sent again",
+                    },
+                )
             acted += 1
-    return acted
+        for job_id in set(self._missing) - watched:
+            del self._missing[job_id]
+        return acted

@@ -1,21 +1,25 @@
-"""``tiergate worker``: consumer-group members that run jobs, at most ``concurrency`` at once.
+"""``tiergate worker``: one consumer-group member that runs jobs, at most ``concurrency``
+at once.
 
-Each slot is a consumer of its own in the group, taking one message at a time and
-committing its offset only after the job's outcome is stored (so a crash means the job is
-redelivered, never lost). kafka-python heartbeats from a thread, so a long job keeps its
-membership; ``max_poll_interval_ms`` is sized to the longest job. SIGTERM stops taking new
-jobs and waits up to ``drain_seconds`` for running ones; a job still running then is
-abandoned without commit and will run again elsewhere.
+One consumer thread polls the jobs topic and hands records to the job slots
+(tiergate.queue.consumer): it keeps polling while jobs run, pauses its partitions while
+every slot is busy, and commits each partition's offsets in order as jobs end, so a crash
+redelivers only jobs that had not ended (never lost). A pickup takes the job's run lease
+(tiergate.queue.lease), which a keeper thread beats every ``lease_seconds / 3``: a job is
+never run twice at once, a run whose worker froze or was cut off is taken over once its
+lease expires, and the run taken over writes nothing more. SIGTERM stops taking new jobs
+and waits up to ``drain_seconds`` for running ones; a job still running then is abandoned
+without commit, its lease released, and runs again elsewhere at once.
 
 A message is never retried in place forever: when the job store or the broker is down the
-slot waits and tries the same message again (nothing else could run either); any other
-failure ends the job ``failed`` inside the runner, or, if even that fails, sends the
-message to the dead-letter topic and moves on.
+slot gives the record back to be tried again after a backoff (nothing else could run
+either); any other failure ends the job ``failed`` inside the runner, or, if even that
+fails, sends the message to the dead-letter topic and moves on.
 
 The worker refuses to start when the sandbox's memory, CPU and process limits cannot be
 applied (see :func:`tiergate.sandbox.probe_limits`), unless the operator set
 ``jobs.sandbox.allow_unlimited``. It serves ``/metrics`` and ``/healthz`` (which fails when
-a consumer, forwarder or sweeper thread died) on ``jobs.worker.metrics_port``.
+a consumer, slot, keeper, forwarder or sweeper thread died) on ``jobs.worker.metrics_port``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import time
 from collections.abc import Callable
 
 import httpx
-from kafka import KafkaConsumer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
@@ -36,20 +41,23 @@ from pydantic import ValidationError
 from tiergate.protocol import JobMessage
 from tiergate.queue.agent import ModelClient
 from tiergate.queue.breaker import BreakerBoard
+from tiergate.queue.consumer import JobConsumer, Verdict, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.runner import JobRunner
 from tiergate.queue.store import JobStore, StorageError
-from tiergate.queue.sweep import sweep
+from tiergate.queue.sweep import Sweeper
 from tiergate.sandbox import probe_limits
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
-# The longest job (6 h limit, plus its verifier) must not look like a stuck consumer.
+# The retry forwarder waits for a message's due time between polls (backoffs reach
+# minutes); the jobs consumer polls every 200 ms whatever runs, so a minute says it hung.
 MAX_POLL_INTERVAL_MS = (6 * 3600 + 3600 + 600) * 1000
+JOBS_POLL_INTERVAL_MS = 60_000
 
 
 class Worker:
@@ -82,21 +90,49 @@ class Worker:
         )
         self.limits = ""
         self.processed: list[tuple[str, str]] = []  # (job id, outcome), for tests and logs
+        self.leases = self._store.leases(settings.worker.lease_seconds)
+        self.consumer = JobConsumer(
+            self._jobs_consumer,
+            settings.worker.concurrency,
+            self._run_record,
+            self._stopping,
+            self.liveness.beat,
+            self._busy,
+        )
+        self._drain_until = 0.0
 
-    def _consumer(self, topic: str, group: str) -> KafkaConsumer:
+    def _consumer(
+        self,
+        topic: str,
+        group: str,
+        max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS,
+        listener: ConsumerRebalanceListener | None = None,
+    ) -> KafkaConsumer:
         kafka = self._settings.kafka
-        return KafkaConsumer(
-            topic,
+        consumer = KafkaConsumer(
             **kafka.client_options(),
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=1,
+            max_poll_records=max(1, self._settings.worker.concurrency),
             session_timeout_ms=kafka.session_timeout_ms,
             heartbeat_interval_ms=max(300, kafka.session_timeout_ms // 3),
-            max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
+            max_poll_interval_ms=max_poll_interval_ms,
             fetch_max_wait_ms=100,
+            partition_assignment_strategy=[CooperativeStickyAssignor],
         )
+        consumer.subscribe([topic], listener=listener)
+        return consumer
+
+    def _jobs_consumer(self, listener: ConsumerRebalanceListener) -> KafkaConsumer:
+        kafka = self._settings.kafka
+        return self._consumer(kafka.topic, kafka.group, JOBS_POLL_INTERVAL_MS, listener)
+
+    def _busy(self, name: str) -> contextlib.AbstractContextManager[None]:
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.liveness.busy(name))
+        stack.enter_context(self.metrics.running())
+        return stack  # type: ignore[return-value]
 
     def start(self) -> None:
         # Refuses (LimitsUnavailable) before anything runs, unless limits are waived.
@@ -117,9 +153,12 @@ class Worker:
                 on_finished=self._finished,
                 metrics=self.metrics,
                 breakers=self.breakers,
+                leases=self.leases,
             )
             self._runners.append(runner)
-            self._thread(f"job-slot-{index}", self._slot, runner)
+            self._thread(f"job-slot-{index}", self.consumer.slot, index, f"job-slot-{index}")
+        self._thread("consumer", self._consume)
+        self._thread("lease-keeper", self._keep_leases)
         self._thread("retry-forwarder", self._forward_retries)
         self._thread("sweeper", self._sweep)
         if self.http is not None:
@@ -143,15 +182,11 @@ class Worker:
     def stop(self, drain_seconds: float | None = None) -> None:
         """Stop taking jobs; wait for running ones up to the drain, then abandon them."""
         drain = self._settings.worker.drain_seconds if drain_seconds is None else drain_seconds
+        self._drain_until = time.monotonic() + drain
         self._stopping.set()
         self.liveness.stopping()
-        deadline = time.monotonic() + drain
         for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        for runner in self._runners:
-            runner.abandon()
-        for thread in self._threads:
-            thread.join(10)
+            thread.join(max(0.0, self._drain_until - time.monotonic()) + 20)
         self._queue.close()
         if self.http is not None:
             self.http.stop()
@@ -199,49 +234,48 @@ class Worker:
             self._stopping.wait(1.0)
         return False
 
-    def _slot(self, runner: JobRunner) -> None:
-        kafka = self._settings.kafka
-        name = threading.current_thread().name
-        if not self._await_gateway(name):
+    def _consume(self) -> None:
+        if not self._await_gateway("consumer"):
             return
-        consumer = self._consumer(kafka.topic, kafka.group)
-        try:
-            while not self._stopping.is_set():
-                self.liveness.beat(name)
-                batches = consumer.poll(timeout_ms=500, max_records=1)
-                for tp, records in batches.items():
-                    for record in records:
-                        with self.liveness.busy(name), self.metrics.running():
-                            self._handle(consumer, runner, tp, record.offset, record.value)
-        finally:
-            consumer.close(autocommit=False)
+        self.consumer.run(lambda: self._drain_until, self._abandon_all)
+
+    def _abandon_all(self) -> None:
+        for runner in self._runners:
+            runner.abandon()
+
+    def _keep_leases(self) -> None:
+        """Beat every lease this worker holds, every third of its time to live."""
+        name = threading.current_thread().name
+        every = self._settings.worker.lease_seconds / 3
+        while not self._stopping.wait(every):
+            self.liveness.beat(name)
+            self.leases.beat_all()
+        # Draining: the runs go on until abandoned; keep them alive meanwhile.
+        while any(t.is_alive() for t in self._threads if t.name.startswith("job-slot")):
+            self.leases.beat_all()
+            time.sleep(min(every, 1.0))
 
     def _commit(self, consumer: KafkaConsumer, tp: TopicPartition, offset: int) -> None:
-        consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1)})
-
-    def _handle(
-        self,
-        consumer: KafkaConsumer,
-        runner: JobRunner,
-        tp: TopicPartition,
-        offset: int,
-        value: bytes,
-    ) -> None:
         try:
-            message = JobMessage.model_validate_json(value)
+            consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1)})
+        except (KafkaError, AssertionError) as exc:
+            log.warning("commit of %s:%d failed: %r", tp, offset, exc)
+
+    def _run_record(self, index: int, work: Work) -> Verdict:
+        """A slot's record: what the consumer does with its offset afterwards."""
+        runner = self._runners[index]
+        try:
+            message = JobMessage.model_validate_json(work.value)
         except ValidationError as exc:
-            log.error("unreadable job message at %s:%d dropped: %s", tp, offset, exc)
-            self._commit(consumer, tp, offset)
-            return
+            log.error("unreadable job message at %s:%d dropped: %s", work.tp, work.offset, exc)
+            return ("done", 0.0)
         try:
             outcome = runner.process(message)
         except (StorageError, QueueUnavailable) as exc:
-            # The store or the broker is down: no job could finish now. Wait, then take
-            # the same message again (its pickup count keeps a crashing job bounded).
+            # The store or the broker is down: no job could finish now. The same record
+            # is tried again after a backoff (its pickup count keeps a crashing job bounded).
             log.warning("job %s: storage or broker unavailable (%s); retrying it", message.id, exc)
-            self._stopping.wait(max(0.5, self._settings.worker.retry_backoff_seconds))
-            consumer.seek(tp, offset)
-            return
+            return ("later", max(0.5, self._settings.worker.retry_backoff_seconds))
         except Exception:
             log.exception("job %s: processing failed unexpectedly; dead-lettered", message.id)
             with contextlib.suppress(QueueUnavailable):
@@ -252,9 +286,12 @@ class Worker:
         if outcome == "retry":
             self.metrics.retried()
         if outcome == "abandoned":
-            return  # not committed: another worker runs it after this one leaves the group
-        self._commit(consumer, tp, offset)
+            return ("open", 0.0)  # not committed: another worker runs it
+        if outcome in ("held", "fenced"):
+            # Another run holds the job: look again later (it ends, or its lease expires).
+            return ("later", min(10.0, max(0.5, self._settings.worker.lease_seconds / 3)))
         log.info("job %s: %s", message.id, outcome)
+        return ("done", 0.0)
 
     def _forward_retries(self) -> None:
         """Move retry-topic messages back to the jobs topic when they are due."""
@@ -292,8 +329,9 @@ class Worker:
         kafka = self._settings.kafka
         name = threading.current_thread().name
         every = min(60.0, self._settings.requeue_after_seconds / 4)
+        sweeper = Sweeper(self._store, self._queue, self._settings)
         last_sweep = 0.0
-        while not self._stopping.wait(0 if last_sweep == 0 else 15.0):
+        while not self._stopping.wait(0 if last_sweep == 0 else min(15.0, every)):
             self.liveness.beat(name)
             with contextlib.suppress(LagUnavailable):
                 lags = measure_lag(
@@ -308,6 +346,6 @@ class Worker:
             if time.monotonic() - last_sweep >= every:
                 last_sweep = time.monotonic()
                 try:
-                    sweep(self._store, self._queue, self._settings.requeue_after_seconds)
-                except (StorageError, QueueUnavailable, KafkaError) as exc:
+                    sweeper.run()
+                except (StorageError, QueueUnavailable, KafkaError, LagUnavailable) as exc:
                     log.warning("sweep skipped: %s", exc)

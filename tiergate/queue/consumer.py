@@ -1,0 +1,251 @@
+"""The worker's one consumer: it keeps polling while jobs run (issue 21, item 1).
+
+One thread owns the KafkaConsumer (kafka-python's is not thread-safe) and hands records to
+the worker's job slots; it never waits for a job. While every slot is busy it pauses its
+partitions (the group still sees it alive: it polls, and heartbeats run in kafka-python's
+own thread), and resumes them as a slot frees, so a long job never holds back the records
+behind it in its partition while another slot is free. Offsets are committed in order as
+jobs finish (:class:`~tiergate.queue.offsets.OffsetBook`); a commit that fails (the group
+moved on during a rebalance) is logged and never ends the thread: the new owner of the
+partition sees the record again, and the run lease (tiergate.queue.lease) keeps it from
+running twice. Rebalances are cooperative (KIP-429, ``cooperative-sticky``): a worker that
+joins or leaves moves only the partitions that change owner, and the others' pickups go
+on; a revoked partition's finished positions are committed before it is handed over.
+
+A record whose run is held elsewhere, or that hit a store or broker outage, is tried again
+after a delay without holding a slot (``later``); it stays open in the book meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from tiergate.queue.offsets import OffsetBook
+
+log = logging.getLogger("tiergate.consumer")
+
+
+@dataclass(order=True)
+class Work:
+    """One record for a slot."""
+
+    due: float
+    tp: TopicPartition = field(compare=False)
+    offset: int = field(compare=False)
+    value: bytes = field(compare=False)
+    tries: int = field(default=0, compare=False)
+
+
+# What a slot says of a record: "done" (commit it), "later" (try again after the delay
+# given), "open" (leave it uncommitted: abandoned to the next owner).
+Verdict = tuple[str, float]
+Handler = Callable[[int, Work], Verdict]
+
+
+class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: JobConsumer) -> None:
+        self._owner = owner
+
+    def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self._owner.revoked(list(revoked))
+
+    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        log.info("assigned %s", sorted(tp.partition for tp in assigned))
+
+
+class JobConsumer:
+    """Polls ``consumer`` and runs records on ``slots`` threads through ``handle``."""
+
+    def __init__(
+        self,
+        make_consumer: Callable[[ConsumerRebalanceListener], KafkaConsumer],
+        slots: int,
+        handle: Handler,
+        stopping: threading.Event,
+        beat: Callable[[str], None],
+        busy: Callable[[str], Any],
+    ) -> None:
+        self._make_consumer = make_consumer
+        self._slots = slots
+        self._handle = handle
+        self._stopping = stopping
+        self._beat = beat
+        self._busy = busy
+        self._book: OffsetBook[TopicPartition] = OffsetBook()
+        self._free: deque[int] = deque(range(slots))
+        self._inboxes: list[queue.Queue[Work | None]] = [queue.Queue() for _ in range(slots)]
+        self._done: queue.Queue[tuple[int, Work, Verdict]] = queue.Queue()
+        self._later: list[Work] = []  # a heap by due time
+        self._waiting: deque[Work] = deque()  # taken from a poll with no slot free
+        self._consumer: KafkaConsumer | None = None
+        self._running = 0
+        self.commit_failures = 0
+        self.picked: list[float] = []  # monotonic times records went to a slot (gaps)
+
+    # -- slots ------------------------------------------------------------------------------
+
+    def slot(self, index: int, name: str) -> None:
+        """A slot thread's body: run what the consumer hands it until told to stop."""
+        inbox = self._inboxes[index]
+        while True:
+            self._beat(name)
+            try:
+                work = inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if work is None:
+                return
+            try:
+                with self._busy(name):
+                    verdict = self._handle(index, work)
+            except Exception:  # the handler ends every job itself; this is a last guard
+                log.exception("slot %d: record %s:%d", index, work.tp, work.offset)
+                verdict = ("done", 0.0)
+            self._done.put((index, work, verdict))
+
+    def _give(self, work: Work) -> None:
+        index = self._free.popleft()
+        self._running += 1
+        self.picked.append(time.monotonic())
+        del self.picked[:-1000]
+        self._inboxes[index].put(work)
+
+    # -- the consumer thread ------------------------------------------------------------------
+
+    def run(self, drain_deadline: Callable[[], float], abandon: Callable[[], None]) -> None:
+        consumer = self._make_consumer(_Revocations(self))
+        self._consumer = consumer
+        try:
+            while not self._stopping.is_set():
+                self._beat("consumer")
+                self._collect()
+                self._feed()
+                self._flow(consumer)
+                try:
+                    polled = consumer.poll(timeout_ms=200, max_records=max(1, len(self._free)))
+                except KafkaError as exc:
+                    log.warning("poll failed: %r", exc)
+                    self._stopping.wait(1.0)
+                    continue
+                for tp, records in polled.items():
+                    for record in records:
+                        self._book.take(tp, record.offset)
+                        self._waiting.append(Work(0.0, tp, record.offset, record.value))
+                self._feed()
+                self._commit(consumer)
+            self._drain(consumer, drain_deadline(), abandon)
+        finally:
+            for inbox in self._inboxes:
+                inbox.put(None)
+            try:
+                consumer.close(autocommit=False)
+            except Exception as exc:  # closing a consumer of a broker that went away
+                log.warning("consumer close: %r", exc)
+
+    def _flow(self, consumer: KafkaConsumer) -> None:
+        """Pause every partition while no slot is free; resume them when one is."""
+        try:
+            if self._free and not self._waiting:
+                paused = consumer.paused()
+                if paused:
+                    consumer.resume(*paused)
+            else:
+                consumer.pause(*consumer.assignment())
+        except (KafkaError, AssertionError) as exc:  # assignment changing under us
+            log.debug("pause/resume: %r", exc)
+
+    def _feed(self) -> None:
+        now = time.monotonic()
+        while self._free and self._later and self._later[0].due <= now:
+            work = heapq.heappop(self._later)
+            if self._book.owns(work.tp):
+                self._give(work)
+        while self._free and self._waiting:
+            work = self._waiting.popleft()
+            if self._book.owns(work.tp):
+                self._give(work)
+
+    def _collect(self) -> None:
+        while True:
+            try:
+                index, work, (what, delay) = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._free.append(index)
+            self._running -= 1
+            if what == "done":
+                self._book.finish(work.tp, work.offset)
+            elif what == "later" and self._book.owns(work.tp):
+                work.due, work.tries = time.monotonic() + delay, work.tries + 1
+                heapq.heappush(self._later, work)
+            # "open": left uncommitted for the partition's next owner
+
+    def _commit(self, consumer: KafkaConsumer) -> None:
+        moved = self._book.to_commit()
+        if not moved:
+            return
+        try:
+            consumer.commit({tp: OffsetAndMetadata(pos, "", -1) for tp, pos in moved.items()})
+            self._book.committed(moved)
+        except (KafkaError, AssertionError) as exc:
+            # A rebalance took the partitions (or the broker is away): the next owner
+            # starts from the last committed position; the leases keep the runs single.
+            self.commit_failures += 1
+            log.warning("commit of %s failed: %r", moved, exc)
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Inside poll(), before the partitions move: commit what finished there, forget
+        them (a job still running there goes on; its record's next owner waits on its
+        lease), and drop the records not started yet."""
+        if not partitions:
+            return
+        consumer = self._consumer
+        moved = {tp: pos for tp, pos in self._book.to_commit().items() if tp in partitions}
+        if consumer is not None and moved:
+            try:
+                consumer.commit({tp: OffsetAndMetadata(p, "", -1) for tp, p in moved.items()})
+            except (KafkaError, AssertionError) as exc:
+                self.commit_failures += 1
+                log.warning("commit on revoke of %s failed: %r", moved, exc)
+        self._book.drop(partitions)
+        gone = set(partitions)
+        self._later = [w for w in self._later if w.tp not in gone]
+        heapq.heapify(self._later)
+        self._waiting = deque(w for w in self._waiting if w.tp not in gone)
+        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+
+    def _drain(self, consumer: KafkaConsumer, deadline: float, abandon: Callable[[], None]) -> None:
+        """Stopping: take nothing new, let running jobs finish until ``deadline``, then
+        abandon the rest (uncommitted: they run again elsewhere), committing as they end."""
+        self._later.clear()
+        self._waiting.clear()
+        told = False
+        hard = deadline + 15.0
+        while self._running > 0 and time.monotonic() < hard:
+            if not told and time.monotonic() >= deadline:
+                abandon()
+                told = True
+            self._collect()
+            self._commit(consumer)
+            with contextlib.suppress(KafkaError, AssertionError):
+                consumer.pause(*consumer.assignment())
+                consumer.poll(timeout_ms=100)
+        self._collect()
+        self._commit(consumer)
+
+    @property
+    def running(self) -> int:
+        return self._running
