@@ -81,11 +81,19 @@ def _supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfi
     supervisor.watch(f"{engine.name} engine", engine.proc, restart)
 
 
-def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: bool = True) -> int:
+def run_local_stack(
+    settings: Settings,
+    *,
+    compile_engines: bool = False,
+    jobs: bool = True,
+    default_environment: Path | None,
+) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
     everything this call started when the gateway stops (Ctrl-C or SIGTERM). With
-    ``jobs``, the durable object store, the broker and a worker run too. What this call
-    started and dies while the stack is up is restarted with backoff (local/supervisor.py)."""
+    ``jobs``, the durable object store, the broker and a worker run too, and the
+    ``default_environment`` manifest's environment is registered as ``default`` before the
+    worker starts (built once, local/environment.py). What this call started and dies
+    while the stack is up is restarted with backoff (local/supervisor.py)."""
     import uvicorn
 
     from tiergate.engine.gate import ParityMissing
@@ -115,7 +123,13 @@ def run_local_stack(settings: Settings, *, compile_engines: bool = False, jobs: 
             from tiergate.local.jobs import local_jobs
 
             jobs_settings = pipeline.enter_context(
-                local_jobs(settings, log_dir, _say, supervisor=supervisor)
+                local_jobs(
+                    settings,
+                    log_dir,
+                    _say,
+                    supervisor=supervisor,
+                    default_environment=default_environment,
+                )
             )
             settings = settings.model_copy(update={"jobs": jobs_settings})
         standard_profile = settings.profiles[Tier.STANDARD]

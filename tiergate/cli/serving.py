@@ -161,11 +161,26 @@ def up(
             "worker beside the tiers",
         ),
     ] = True,
+    default_environment: Annotated[
+        bool,
+        typer.Option(
+            "--default-environment/--no-default-environment",
+            help="build environments/default.yaml once (mmdebstrap, as root) and register it "
+            "as the jobs' 'default' environment; --no-default-environment: jobs naming none "
+            "run in the worker's own system",
+        ),
+    ] = True,
 ) -> None:
     """Run the whole local stack: prepare the model, start the standard tier, choose the
     fast tier for this hardware (once), start it, warm both, serve the gateway."""
+    from tiergate.local.environment import SHIPPED_MANIFEST
     from tiergate.stack import run_local_stack
 
     settings = settings_or_exit()
-    code = run_local_stack(settings, compile_engines=compile_engines, jobs=jobs)
+    code = run_local_stack(
+        settings,
+        compile_engines=compile_engines,
+        jobs=jobs,
+        default_environment=SHIPPED_MANIFEST if default_environment else None,
+    )
     raise typer.Exit(code)

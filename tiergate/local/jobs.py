@@ -57,8 +57,10 @@ def local_jobs_settings(settings: Settings, ports: LocalPorts) -> JobsSettings:
     # Ctrl-C should not wait a minute: a job still running is picked up again next time.
     jobs.worker.drain_seconds = min(jobs.worker.drain_seconds, 10.0)
     if os.geteuid() != 0:
-        # /var/lib is root's; the sandbox's work directory moves to the user's cache.
+        # /var/lib is root's; the sandbox's work directory and the environments' cache move
+        # to the user's cache.
         jobs.sandbox.work_dir = str(default_cache_dir() / "sandboxes")
+        jobs.sandbox.cache_dir = str(default_cache_dir() / "worker")
     return jobs
 
 
@@ -127,11 +129,15 @@ def local_jobs(
     data: Path | None = None,
     ports: LocalPorts | None = None,
     supervisor: Supervisor | None = None,
+    default_environment: Path | None = None,
 ) -> Iterator[JobsSettings]:
     """Run the object store, the broker and a worker for the block; yields the jobs
     settings for the gateway. Data lives in ``data`` (default: the cache's ``pipeline``).
     With a ``supervisor``, each of the three that this call started is restarted when it
-    dies (the caller stops the supervisor before the block ends)."""
+    dies (the caller stops the supervisor before the block ends). With a
+    ``default_environment`` manifest, its environment is registered as ``default`` (built
+    unless already built from it) before the worker starts (tiergate.local.environment);
+    raises :class:`~tiergate.local.environment.DefaultEnvironmentFailed` if it cannot be."""
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
     ports = ports or LocalPorts()
@@ -149,6 +155,10 @@ def local_jobs(
 
         ensure_bucket(store.url, BROKER_BUCKET)
         ensure_bucket(store.url, jobs.storage.bucket)
+        if default_environment is not None:
+            from tiergate.local.environment import ensure_default_environment
+
+            ensure_default_environment(jobs, default_environment, say)
         if _start_or_reuse(kafka, say):
             started.append(kafka)
         log = log_dir / "worker.log"
