@@ -142,10 +142,11 @@ worker (and every job in it) instead of the one job over its limit. */}}
 {{- $limit := dig "limits" "memory" "" ($w.resources | default dict) -}}
 {{- if $limit -}}
 {{- $cap := dig "jobs" "caps" "memory_mb" 4096 (.Values.gateway.config | default dict) | int -}}
-{{- $need := add (mul (int $w.concurrency) $cap) (int $w.memoryHeadroomMi) -}}
+{{- $concurrency := (include "tiergate.workerConfig" . | fromYaml).jobs.worker.concurrency | int -}}
+{{- $need := add (mul $concurrency $cap) (int $w.memoryHeadroomMi) -}}
 {{- $have := include "tiergate.mebibytes" $limit | int -}}
 {{- if lt $have $need -}}
-{{- fail (printf "jobs.worker.resources.limits.memory (%s = %d Mi) leaves no headroom: jobs.worker.concurrency (%d) x jobs.caps.memory_mb (%d) + jobs.worker.memoryHeadroomMi (%d) = %d Mi. Raise the limit, or lower the concurrency or gateway.config.jobs.caps.memory_mb." (toString $limit) $have (int $w.concurrency) $cap (int $w.memoryHeadroomMi) $need) -}}
+{{- fail (printf "jobs.worker.resources.limits.memory (%s = %d Mi) leaves no headroom: jobs.worker.concurrency (%d) x jobs.caps.memory_mb (%d) + jobs.worker.memoryHeadroomMi (%d) = %d Mi. Raise the limit, or lower the concurrency or gateway.config.jobs.caps.memory_mb." (toString $limit) $have $concurrency $cap (int $w.memoryHeadroomMi) $need) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -197,6 +198,7 @@ the one place in the chart that names them, so that templates range over
 bootstrap_servers: {{ $k.bootstrapServers | quote }}
 topic: {{ $k.topic | quote }}
 group: {{ $k.consumerGroup | quote }}
+partitions: {{ $k.partitions }}
 {{- if not (kindIs "invalid" $k.replicationFactor) }}
 replication_factor: {{ $k.replicationFactor }}
 {{- end }}
@@ -286,7 +288,10 @@ jobs:
 {{- end }}
 {{- end -}}
 
-{{/* The workers' settings file. */}}
+{{/* The workers' settings file. What the chart sizes around the worker (its grace period,
+its memory check, KEDA's trigger) is read back from this, never from the values it starts
+from, so that a jobs.worker.config override reaches those too (and validate.yaml keeps
+jobs.worker.extraEnv from overriding them behind the file's back). */}}
 {{- define "tiergate.workerConfig" -}}
 {{- $w := .Values.jobs.worker -}}
 {{- include "tiergate.checkConfig" (dict "cfg" $w.config "where" "jobs.worker.config") -}}
@@ -294,6 +299,23 @@ jobs:
 {{- $cfg := mustMergeOverwrite $base (deepCopy ($w.config | default dict)) -}}
 {{- $cfg = mustMergeOverwrite $cfg (dict "jobs" (dict "enabled" true "worker" (dict "metrics_port" $w.metrics.port))) -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The worker pod's terminationGracePeriodSeconds: SIGTERM starts the worker's drain
+(jobs.worker.drain_seconds for running jobs to finish), after which it abandons the rest
+(their sandboxes killed, their messages uncommitted, so they run again elsewhere) and
+exits; the margin is for that, so that the kubelet's SIGKILL never cuts a drain short. A
+grace period set in values must at least hold the drain. */}}
+{{- define "tiergate.workerGrace" -}}
+{{- $set := .Values.jobs.worker.terminationGracePeriodSeconds -}}
+{{- $drain := (include "tiergate.workerConfig" . | fromYaml).jobs.worker.drain_seconds | float64 -}}
+{{- if kindIs "invalid" $set -}}
+{{- add (ceil $drain | int) 30 -}}
+{{- else if lt (float64 $set) $drain -}}
+{{- fail (printf "jobs.worker.terminationGracePeriodSeconds (%v) is shorter than the workers' drain (jobs.worker.drain_seconds = %v): Kubernetes would kill a draining worker, and its running jobs, before the drain ends. Leave it unset (the drain + 30 s) or raise it." $set $drain) -}}
+{{- else -}}
+{{- $set -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "tiergate.workerBase" -}}
