@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -35,14 +36,20 @@ class EarlySandbox:
         self._settings = settings
         self._held: Sandbox | SandboxError | None = None
 
+    def name(self, job_id: str) -> str:
+        """The job's sandbox name in this slot: its own in this process and slot, so that
+        two runs of one job on one machine (a run taken over by another worker there, see
+        tiergate.queue.lease) never share, make or remove each other's workspace."""
+        return f"{job_id}.{os.getpid()}-{self._settings.uid}"
+
     def make(self, message: JobMessage) -> None:
         self.drop()
         if message.replay_of or message.resent:
             return
-        if (Path(self._settings.work_dir) / message.id).exists():
+        if (Path(self._settings.work_dir) / self.name(message.id)).exists():
             return
         try:
-            self._held = Sandbox(message.id, message.spec.limits, self._settings)
+            self._held = Sandbox(self.name(message.id), message.spec.limits, self._settings)
         except SandboxError as exc:
             self._held = exc  # raised where the job's sandbox is needed, with its verdict
 
@@ -52,7 +59,7 @@ class EarlySandbox:
         if isinstance(held, SandboxError):
             raise held
         if held is None:
-            return Sandbox(job_id, limits, self._settings, root=root)
+            return Sandbox(self.name(job_id), limits, self._settings, root=root)
         try:
             held.use_root(root)
         except SandboxError:

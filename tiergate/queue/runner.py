@@ -460,7 +460,7 @@ class JobRunner:
     ) -> Outcome:
         spec = plan.spec
         disk = spec.limits.disk_mb * 1024 * 1024
-        sandbox = Sandbox(job.id, spec.limits, self._settings.sandbox, root=root)
+        sandbox = Sandbox(self._early.name(job.id), spec.limits, self._settings.sandbox, root=root)
         self._sandbox = sandbox
         watch = CancelWatch(
             self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
