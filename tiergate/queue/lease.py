@@ -85,15 +85,14 @@ class RunLease:
 
     def valid(self) -> bool:
         """True while this run may write (see the module's text); a check past the safe
-        window asks the store and beats again."""
+        window asks the store and beats again. A store that cannot answer raises
+        StorageError: the run neither writes nor counts itself fenced (its caller's
+        transient-failure path handles it, as any other write's failure)."""
         if self.fenced:
             return False
         if self._leases.clock() < self._safe_until:
             return True
-        try:
-            return self.beat()
-        except StorageError:
-            return False  # cannot prove the lease: do not write now
+        return self.beat()
 
     def check(self) -> None:
         """Raise :class:`Fenced` unless this run may write."""

@@ -147,9 +147,12 @@ class JobRunner:
 
     # -- the job ----------------------------------------------------------------------------
 
-    def process(self, message: JobMessage) -> Outcome:
+    def process(self, message: JobMessage, early: bool = True) -> Outcome:
+        """Pick the job up and run it; ``early=False``: a message tried again (its run was
+        held elsewhere), whose sandbox is not made ahead of knowing it is to run."""
         self.picked_up, self.first_spawn = time.time(), None
-        self._early.make(message)
+        if early:
+            self._early.make(message)
         try:
             return self._pickup(message)
         except Fenced as exc:

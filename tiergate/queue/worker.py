@@ -270,7 +270,7 @@ class Worker:
             log.error("unreadable job message at %s:%d dropped: %s", work.tp, work.offset, exc)
             return ("done", 0.0)
         try:
-            outcome = runner.process(message)
+            outcome = runner.process(message, early=work.tries == 0)
         except (StorageError, QueueUnavailable) as exc:
             # The store or the broker is down: no job could finish now. The same record
             # is tried again after a backoff (its pickup count keeps a crashing job bounded).
