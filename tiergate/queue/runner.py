@@ -27,125 +27,38 @@ taken over by another pickup is ``fenced``: its sandbox is killed and it writes 
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
 
-from tiergate.envs.cache import EnvCache
-from tiergate.envs.registry import Registered, Registry
+from tiergate.envs.registry import Registered
 from tiergate.protocol import CommandEntry, Job, JobMessage, JobResult, JobStatus, TrajectoryEntry
 from tiergate.queue import joberrors
-from tiergate.queue.agent import AgentLoop, ModelClient, ModelRefused, ModelUnavailable
-from tiergate.queue.breaker import BreakerBoard, Verdict
+from tiergate.queue.agent import AgentLoop, ModelRefused, ModelUnavailable
 from tiergate.queue.jobsandbox import (
     CancelWatch,
-    EarlySandbox,
     read_reward,
-    store_artifacts,
     unpack_upload,
     verifier_verdict,
 )
-from tiergate.queue.lease import Fenced, Held, Leases, RunLease
-from tiergate.queue.lifecycle import JobLifecycle
-from tiergate.queue.observe import WorkerMetrics
+from tiergate.queue.lease import Fenced, Held, RunLease
 from tiergate.queue.pickup import Pickup, read_pickup
-from tiergate.queue.pipeline import JobQueue, QueueUnavailable
-from tiergate.queue.replay import (
-    Replay,
-    ReplayPlan,
-    ReplayRefused,
-    plan_replay,
-    prepare_workspace,
+from tiergate.queue.pipeline import QueueUnavailable
+from tiergate.queue.replayrun import ReplayRunning
+from tiergate.queue.runbase import (
+    ENDED,
+    Abandoned,
+    EnvironmentNotFound,
+    Outcome,
 )
-from tiergate.queue.store import JobStore, StorageError
-from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import JobsSettings
+from tiergate.queue.store import StorageError
+from tiergate.sandbox import SandboxError
 
 log = logging.getLogger("tiergate.worker")
 
-Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned", "held", "fenced"]
-# Outcomes after which the job's terminal record exists (its lease needs no release).
-_ENDED = ("finished", "dead", "skipped")
-# Called with (status, reason) when a job ends here, for the worker's metrics.
-Finished = Callable[[str, str], None]
+__all__ = ["Abandoned", "EnvironmentNotFound", "JobRunner", "Outcome"]
 
 
-class Abandoned(Exception):
-    """The worker is shutting down before the job finished; it will be redelivered."""
-
-
-class EnvironmentNotFound(Exception):
-    """The job names an environment that is not registered."""
-
-
-class JobRunner:
-    """Runs jobs for one worker thread; ``abandon()`` may be called from another thread."""
-
-    def __init__(
-        self,
-        settings: JobsSettings,
-        store: JobStore,
-        queue: JobQueue,
-        model_client: Callable[[JobMessage], ModelClient] | None = None,
-        on_finished: Finished = lambda status, reason: None,
-        metrics: WorkerMetrics | None = None,
-        breakers: BreakerBoard | None = None,
-        leases: Leases | None = None,
-    ) -> None:
-        self._settings = settings
-        self._store = store
-        self._queue = queue
-        self._jobs = JobLifecycle(store)
-        self._model_client = model_client or self._default_client
-        self._on_finished = on_finished
-        self._metrics = metrics or WorkerMetrics()
-        self._abandon = threading.Event()
-        self._sandbox: Sandbox | None = None
-        # The environment's circuit breaker (tiergate.queue.breaker), shared by all workers
-        # through the store; _run leaves what the job said about its environment here.
-        self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
-        self._verdict: tuple[Verdict, str] = ("neutral", "")
-        self._registry = Registry(store.objects)
-        self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
-        # Wall-clock times of the last job: its message picked up, its first command's
-        # process spawned (None: none ran) (tiergate bench sandbox).
-        self.picked_up = 0.0
-        self.first_spawn: float | None = None
-        self._early = EarlySandbox(settings.sandbox)
-        self._leases = leases or store.leases(settings.worker.lease_seconds)
-        self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
-        self._lease: RunLease | None = None
-
-    def _default_client(self, message: JobMessage) -> ModelClient:
-        return ModelClient(
-            self._settings.gateway_url,
-            message.spec.model,
-            message.spec.service_tier,
-            self._settings.worker.api_key,
-            on_behalf_of=message.owner,
-        )
-
-    def abandon(self) -> None:
-        self._abandon.set()
-        if self._sandbox is not None:
-            self._sandbox.kill()
-
-    def _fenced(self) -> None:
-        """Another pickup took this run over (called from the lease keeper's thread)."""
-        sandbox = self._sandbox
-        if sandbox is not None:
-            sandbox.kill()
-
-    def _end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
-        final = self._jobs.finish(job, status, **kwargs)
-        self._on_finished(final.status.value, reason)
-        return final
-
-    # -- the job ----------------------------------------------------------------------------
+class JobRunner(ReplayRunning):
+    """Runs jobs for one worker slot; ``abandon()`` may be called from another thread."""
 
     def process(self, message: JobMessage, early: bool = True) -> Outcome:
         """Pick the job up and run it; ``early=False``: a message tried again (its run was
@@ -186,7 +99,7 @@ class JobRunner:
         finally:
             self._jobs.fence(message.id, None)
             self._lease = None
-            if outcome not in _ENDED:
+            if outcome not in ENDED:
                 taken.release()
             self._leases.done(taken)
 
@@ -286,35 +199,6 @@ class JobRunner:
             self._jobs.settle(message.id, quiet=True)
             if not abandoned:
                 self._judge(environment, message.id, message.owner)
-
-    def _judge(self, environment: str, job_id: str, owner: str) -> None:
-        """Tell the breaker what the job said about its environment; a failure to do so
-        does not change the job's ending (a lost probe verdict is taken over, see
-        tiergate.queue.breaker)."""
-        verdict, detail = self._verdict
-        try:
-            self._breakers.record(environment, job_id, verdict, detail, owner=owner)
-        except StorageError as exc:
-            log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
-
-    def _environment(self, name: str, entry: Registered | None) -> Path | None:
-        """The root the job runs in: a registered name's unpacked root (its digest was
-        recorded on the job when it started); "default" unregistered: None, the worker's
-        own system."""
-        if entry is None:
-            if name == "default":
-                return None
-            raise EnvironmentNotFound(
-                f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
-            )
-        return self._fetch_environment(entry.digest)
-
-    def _fetch_environment(self, digest: str) -> Path:
-        try:
-            return self._envs.get(digest)
-        except (SandboxError, StorageError) as exc:
-            self._verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
-            raise
 
     def _run(self, job: Job, message: JobMessage, entry: Registered | None = None) -> Outcome:
         if job.replay_of or message.replay_of:
@@ -426,98 +310,6 @@ class JobRunner:
             sandbox.close()
             self._sandbox = None
 
-    # -- a replay job (see tiergate.queue.replay) --------------------------------------------
-
-    def _replay(self, job: Job, message: JobMessage) -> Outcome:
-        """Run the original's recorded commands again; the report goes in ``job.replay``
-        (and so in the terminal record, the ``result`` artifact), the replayed trajectory,
-        verifier log and workspace are the replay's own artifacts. A replay that cannot run
-        fails with its reason (not dead-lettered: running it again would not help)."""
-        original_id = job.replay_of or message.replay_of
-        assert original_id is not None
-        job.kind, job.replay_of = "replay", original_id
-        try:
-            plan = plan_replay(
-                self._store,
-                self._registry,
-                original_id,
-                message.owner,
-                message.spec,
-                getattr(self._settings.worker, "environment", None),
-            )
-        except ReplayRefused as exc:
-            self._end(
-                job,
-                JobStatus.FAILED,
-                exc.code,
-                error={"code": exc.code, "message": joberrors.scrub(str(exc))},
-            )
-            return "finished"
-        root = None if plan.digest is None else self._fetch_environment(plan.digest)
-        if plan.digest is not None:
-            self._jobs.ran_in(job, plan.digest)
-        return self._run_replay(job, message, plan, root)
-
-    def _run_replay(
-        self, job: Job, message: JobMessage, plan: ReplayPlan, root: Path | None
-    ) -> Outcome:
-        spec = plan.spec
-        disk = spec.limits.disk_mb * 1024 * 1024
-        sandbox = Sandbox(self._early.name(job.id), spec.limits, self._settings.sandbox, root=root)
-        self._sandbox = sandbox
-        watch = CancelWatch(
-            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
-        ).start()
-        cancelled = watch.cancelled
-
-        def on_step(entry: CommandEntry) -> None:
-            self._metrics.observe_sandbox("command", float(entry["seconds"]))
-            self._jobs.step(job, entry)
-            self._check_abandon()
-
-        try:
-            prepare_workspace(self._store, message.owner, spec, sandbox, disk)
-            run = Replay(
-                sandbox=sandbox,
-                spec=spec,
-                original=plan.original,
-                recorded=plan.recorded,
-                recorded_verifier_log=plan.verifier_log,
-                environment=plan.environment,
-                deadline=time.monotonic() + spec.limits.timeout_seconds,
-                disk=disk,
-                cancelled=cancelled.is_set,
-                on_step=on_step,
-            ).run()
-            self._check_abandon()
-            job.steps = len(run.report.steps)
-            job.replay = run.report
-            self._store_artifacts(job, sandbox, run.trajectory, run.verifier_log)
-            if run.cancelled or cancelled.is_set():
-                self._end(job, JobStatus.CANCELLED, "cancelled")
-                return "finished"
-            if run.result is not None:
-                self._jobs.verified(job, run.result)
-            self._end(job, JobStatus.COMPLETED, "ok")
-            return "finished"
-        finally:
-            watch.stop()
-            sandbox.close()
-            self._sandbox = None
-
-    def _check_abandon(self) -> None:
-        if self._abandon.is_set():
-            raise Abandoned
-
-    def _store_artifacts(
-        self,
-        job: Job,
-        sandbox: Sandbox,
-        trajectory: list[TrajectoryEntry],
-        verifier_log: str | None,
-    ) -> None:
-        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log, job.run)
-
     # -- failure ----------------------------------------------------------------------------
 
     def _transient(self, job: Job, message: JobMessage, exc: Exception) -> Outcome:
@@ -552,9 +344,3 @@ class JobRunner:
         )
         self._dead_letter(message)
         return "dead"
-
-    def _dead_letter(self, message: JobMessage) -> None:
-        try:
-            self._queue.dead_letter(message)
-        except QueueUnavailable as exc:
-            log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)

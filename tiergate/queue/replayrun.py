@@ -1,0 +1,108 @@
+"""Running a replay job (see tiergate.queue.replay): the original's recorded commands
+again, without the model, in the environment digest the original ran in."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from tiergate.protocol import CommandEntry, Job, JobMessage, JobStatus
+from tiergate.queue import joberrors
+from tiergate.queue.jobsandbox import (
+    CancelWatch,
+)
+from tiergate.queue.replay import (
+    Replay,
+    ReplayPlan,
+    ReplayRefused,
+    plan_replay,
+    prepare_workspace,
+)
+from tiergate.queue.runbase import Outcome, RunnerBase
+from tiergate.sandbox import Sandbox
+
+log = logging.getLogger("tiergate.worker")
+
+
+class ReplayRunning(RunnerBase):
+    """The replay half of :class:`tiergate.queue.runner.JobRunner`."""
+
+    # -- a replay job (see tiergate.queue.replay) --------------------------------------------
+
+    def _replay(self, job: Job, message: JobMessage) -> Outcome:
+        """Run the original's recorded commands again; the report goes in ``job.replay``
+        (and so in the terminal record, the ``result`` artifact), the replayed trajectory,
+        verifier log and workspace are the replay's own artifacts. A replay that cannot run
+        fails with its reason (not dead-lettered: running it again would not help)."""
+        original_id = job.replay_of or message.replay_of
+        assert original_id is not None
+        job.kind, job.replay_of = "replay", original_id
+        try:
+            plan = plan_replay(
+                self._store,
+                self._registry,
+                original_id,
+                message.owner,
+                message.spec,
+                getattr(self._settings.worker, "environment", None),
+            )
+        except ReplayRefused as exc:
+            self._end(
+                job,
+                JobStatus.FAILED,
+                exc.code,
+                error={"code": exc.code, "message": joberrors.scrub(str(exc))},
+            )
+            return "finished"
+        root = None if plan.digest is None else self._fetch_environment(plan.digest)
+        if plan.digest is not None:
+            self._jobs.ran_in(job, plan.digest)
+        return self._run_replay(job, message, plan, root)
+
+    def _run_replay(
+        self, job: Job, message: JobMessage, plan: ReplayPlan, root: Path | None
+    ) -> Outcome:
+        spec = plan.spec
+        disk = spec.limits.disk_mb * 1024 * 1024
+        sandbox = Sandbox(self._early.name(job.id), spec.limits, self._settings.sandbox, root=root)
+        self._sandbox = sandbox
+        watch = CancelWatch(
+            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
+        ).start()
+        cancelled = watch.cancelled
+
+        def on_step(entry: CommandEntry) -> None:
+            self._metrics.observe_sandbox("command", float(entry["seconds"]))
+            self._jobs.step(job, entry)
+            self._check_abandon()
+
+        try:
+            prepare_workspace(self._store, message.owner, spec, sandbox, disk)
+            run = Replay(
+                sandbox=sandbox,
+                spec=spec,
+                original=plan.original,
+                recorded=plan.recorded,
+                recorded_verifier_log=plan.verifier_log,
+                environment=plan.environment,
+                deadline=time.monotonic() + spec.limits.timeout_seconds,
+                disk=disk,
+                cancelled=cancelled.is_set,
+                on_step=on_step,
+            ).run()
+            self._check_abandon()
+            job.steps = len(run.report.steps)
+            job.replay = run.report
+            self._store_artifacts(job, sandbox, run.trajectory, run.verifier_log)
+            if run.cancelled or cancelled.is_set():
+                self._end(job, JobStatus.CANCELLED, "cancelled")
+                return "finished"
+            if run.result is not None:
+                self._jobs.verified(job, run.result)
+            self._end(job, JobStatus.COMPLETED, "ok")
+            return "finished"
+        finally:
+            watch.stop()
+            sandbox.close()
+            self._sandbox = None

@@ -1,0 +1,162 @@
+"""What every run of a job needs, agent or replay: its collaborators (store, queue,
+lifecycle, breakers, leases, environment cache, the sandbox made at pickup), and the small
+steps they share (ending the job, telling the breaker, fetching the environment, storing
+artifacts, abandoning). :class:`tiergate.queue.runner.JobRunner` is what runs a job."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from tiergate.envs.cache import EnvCache
+from tiergate.envs.registry import Registered, Registry
+from tiergate.protocol import Job, JobMessage, JobStatus, TrajectoryEntry
+from tiergate.queue.agent import ModelClient
+from tiergate.queue.breaker import BreakerBoard, Verdict
+from tiergate.queue.jobsandbox import (
+    EarlySandbox,
+    store_artifacts,
+)
+from tiergate.queue.lease import Leases, RunLease
+from tiergate.queue.lifecycle import JobLifecycle
+from tiergate.queue.observe import WorkerMetrics
+from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+from tiergate.queue.store import JobStore, StorageError
+from tiergate.sandbox import Sandbox, SandboxError
+from tiergate.settings import JobsSettings
+
+log = logging.getLogger("tiergate.worker")
+
+Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned", "held", "fenced"]
+# Outcomes after which the job's terminal record exists (its lease needs no release).
+ENDED = ("finished", "dead", "skipped")
+# Called with (status, reason) when a job ends here, for the worker's metrics.
+Finished = Callable[[str, str], None]
+
+
+class Abandoned(Exception):
+    """The worker is shutting down before the job finished; it will be redelivered."""
+
+
+class EnvironmentNotFound(Exception):
+    """The job names an environment that is not registered."""
+
+
+class RunnerBase:
+    """The runner's collaborators and shared steps; ``abandon()`` may be called from another
+    thread."""
+
+    def __init__(
+        self,
+        settings: JobsSettings,
+        store: JobStore,
+        queue: JobQueue,
+        model_client: Callable[[JobMessage], ModelClient] | None = None,
+        on_finished: Finished = lambda status, reason: None,
+        metrics: WorkerMetrics | None = None,
+        breakers: BreakerBoard | None = None,
+        leases: Leases | None = None,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._queue = queue
+        self._jobs = JobLifecycle(store)
+        self._model_client = model_client or self._default_client
+        self._on_finished = on_finished
+        self._metrics = metrics or WorkerMetrics()
+        self._abandon = threading.Event()
+        self._sandbox: Sandbox | None = None
+        # The environment's circuit breaker (tiergate.queue.breaker), shared by all workers
+        # through the store; _run leaves what the job said about its environment here.
+        self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
+        self._verdict: tuple[Verdict, str] = ("neutral", "")
+        self._registry = Registry(store.objects)
+        self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
+        # Wall-clock times of the last job: its message picked up, its first command's
+        # process spawned (None: none ran) (tiergate bench sandbox).
+        self.picked_up = 0.0
+        self.first_spawn: float | None = None
+        self._early = EarlySandbox(settings.sandbox)
+        self._leases = leases or store.leases(settings.worker.lease_seconds)
+        self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
+        self._lease: RunLease | None = None
+
+    def _default_client(self, message: JobMessage) -> ModelClient:
+        return ModelClient(
+            self._settings.gateway_url,
+            message.spec.model,
+            message.spec.service_tier,
+            self._settings.worker.api_key,
+            on_behalf_of=message.owner,
+        )
+
+    def abandon(self) -> None:
+        self._abandon.set()
+        if self._sandbox is not None:
+            self._sandbox.kill()
+
+    def _fenced(self) -> None:
+        """Another pickup took this run over (called from the lease keeper's thread)."""
+        sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.kill()
+
+    def _end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
+        final = self._jobs.finish(job, status, **kwargs)
+        self._on_finished(final.status.value, reason)
+        return final
+
+    # -- the job ----------------------------------------------------------------------------
+
+    def _judge(self, environment: str, job_id: str, owner: str) -> None:
+        """Tell the breaker what the job said about its environment; a failure to do so
+        does not change the job's ending (a lost probe verdict is taken over, see
+        tiergate.queue.breaker)."""
+        verdict, detail = self._verdict
+        try:
+            self._breakers.record(environment, job_id, verdict, detail, owner=owner)
+        except StorageError as exc:
+            log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
+
+    def _environment(self, name: str, entry: Registered | None) -> Path | None:
+        """The root the job runs in: a registered name's unpacked root (its digest was
+        recorded on the job when it started); "default" unregistered: None, the worker's
+        own system."""
+        if entry is None:
+            if name == "default":
+                return None
+            raise EnvironmentNotFound(
+                f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
+            )
+        return self._fetch_environment(entry.digest)
+
+    def _fetch_environment(self, digest: str) -> Path:
+        try:
+            return self._envs.get(digest)
+        except (SandboxError, StorageError) as exc:
+            self._verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
+            raise
+
+    def _check_abandon(self) -> None:
+        if self._abandon.is_set():
+            raise Abandoned
+
+    def _store_artifacts(
+        self,
+        job: Job,
+        sandbox: Sandbox,
+        trajectory: list[TrajectoryEntry],
+        verifier_log: str | None,
+    ) -> None:
+        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log, job.run)
+
+    def _dead_letter(self, message: JobMessage) -> None:
+        try:
+            self._queue.dead_letter(message)
+        except QueueUnavailable as exc:
+            log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
