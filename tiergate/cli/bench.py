@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -80,3 +81,48 @@ def bench_tiers_cmd(
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
     write_report(out, "tiers-bench", result, render_tiers(result, command))
     chart(result, out / "tiers-bench.png")
+
+
+@bench_app.command("jobs")
+def bench_jobs(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    jobs: Annotated[int, typer.Option(min=1, help="Jobs to submit")] = 100,
+    max_workers: Annotated[int, typer.Option(min=1, help="Most workers at once")] = 4,
+    churn_seconds: Annotated[
+        float, typer.Option(min=1.0, help="Seconds between adding or removing a worker")
+    ] = 10.0,
+    broker_restart: Annotated[
+        bool, typer.Option("--broker-restart/--no-broker-restart", help="Restart it midway")
+    ] = True,
+    deadline_seconds: Annotated[
+        float, typer.Option(help="How long to wait for every job's terminal record")
+    ] = 600.0,
+    job_seconds: Annotated[
+        float, typer.Option(min=0.0, help="How long each job's command runs (sleep)")
+    ] = 1.0,
+    short: Annotated[
+        bool, typer.Option("--short", help="CI-sized: 20 jobs, 2 workers at most, churn 5 s")
+    ] = False,
+) -> None:
+    """Jobs through the gateway, Kafka and a churning worker fleet (and a broker restart):
+    throughput, queue waits, pickup gaps, lost/failed/run-twice; writes jobs-bench.md/.json.
+    Exits 1 if any job was lost, failed or run twice."""
+    from tiergate.bench.jobs import SHORT, JobsBenchParams, run_jobs_benchmark
+
+    params = (
+        SHORT
+        if short
+        else JobsBenchParams(
+            jobs=jobs,
+            max_workers=max_workers,
+            churn_seconds=churn_seconds,
+            broker_restart=broker_restart,
+            deadline_seconds=deadline_seconds,
+            job_seconds=job_seconds,
+        )
+    )
+    if short and not broker_restart:
+        params = dataclasses.replace(SHORT, broker_restart=False)
+    _, clean = run_jobs_benchmark(out, params)
+    if not clean:
+        raise typer.Exit(1)
