@@ -80,6 +80,7 @@ class JobsBenchParams:
     deadline_seconds: float = 600.0
     job_seconds: float = 1.0  # how long each job's command runs (sleep)
     short: bool = False
+    assignment: str = "cooperative-sticky"  # jobs.kafka.assignment of the workers
 
     def command(self) -> str:
         parts = ["tiergate bench jobs"]
@@ -94,11 +95,15 @@ class JobsBenchParams:
             ]
         if not self.broker_restart:
             parts.append("--no-broker-restart")
+        if self.assignment != "cooperative-sticky":
+            parts.append(f"--assignment {self.assignment}")
         return " ".join(parts)
 
 
+# Churn every 10 s: an autoscaler's cadence is slower still (KEDA polls every 30 s by
+# default); faster churn than a rebalance takes on Tansu (see the README) stalls pickups.
 SHORT = JobsBenchParams(
-    jobs=20, max_workers=2, churn_seconds=5.0, deadline_seconds=300.0, short=True
+    jobs=20, max_workers=2, churn_seconds=10.0, deadline_seconds=300.0, short=True
 )
 
 
@@ -113,7 +118,9 @@ def _child_env(config: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _jobs_tree(broker_address: str, s3_url: str, gateway_url: str, work: Path, n: int) -> Any:
+def _jobs_tree(
+    broker_address: str, s3_url: str, gateway_url: str, work: Path, n: int, assignment: str
+) -> Any:
     name = uuid.uuid4().hex[:8]
     return {
         "enabled": True,
@@ -125,6 +132,7 @@ def _jobs_tree(broker_address: str, s3_url: str, gateway_url: str, work: Path, n
             "retry_topic": f"bench-retry-{name}",
             "dead_letter_topic": f"bench-dead-{name}",
             "group": f"bench-workers-{name}",
+            "assignment": assignment,
         },
         "storage": {"endpoint_url": s3_url, "bucket": f"bench-jobs-{name}"},
         "sandbox": {"work_dir": str(work / "sandboxes"), "cache_dir": str(work / "cache")},
@@ -232,7 +240,12 @@ class _Run:
         model_url = f"http://127.0.0.1:{model_port}"
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         jobs = _jobs_tree(
-            self.broker.address, self.s3.url, gateway_url, self.work, self.params.jobs
+            self.broker.address,
+            self.s3.url,
+            gateway_url,
+            self.work,
+            self.params.jobs,
+            self.params.assignment,
         )
         settings = JobsSettings.model_validate(jobs)
         JobStore(settings.storage).ensure_bucket()

@@ -101,8 +101,11 @@ def bench_jobs(
         float, typer.Option(min=0.0, help="How long each job's command runs (sleep)")
     ] = 1.0,
     short: Annotated[
-        bool, typer.Option("--short", help="CI-sized: 20 jobs, 2 workers at most, churn 5 s")
+        bool, typer.Option("--short", help="CI-sized: 20 jobs, 2 workers at most, churn 10 s")
     ] = False,
+    assignment: Annotated[
+        str, typer.Option(help="The workers' jobs.kafka.assignment (cooperative-sticky, range)")
+    ] = "cooperative-sticky",
 ) -> None:
     """Jobs through the gateway, Kafka and a churning worker fleet (and a broker restart):
     throughput, queue waits, pickup gaps, lost/failed/run-twice; writes jobs-bench.md/.json.
@@ -119,10 +122,11 @@ def bench_jobs(
             broker_restart=broker_restart,
             deadline_seconds=deadline_seconds,
             job_seconds=job_seconds,
+            assignment=assignment,
         )
     )
-    if short and not broker_restart:
-        params = dataclasses.replace(SHORT, broker_restart=False)
+    if short:
+        params = dataclasses.replace(SHORT, broker_restart=broker_restart, assignment=assignment)
     _, clean = run_jobs_benchmark(out, params)
     if not clean:
         raise typer.Exit(1)

@@ -10,7 +10,9 @@ moved on during a rebalance) is logged and never ends the thread: the new owner 
 partition sees the record again, and the run lease (tiergate.queue.lease) keeps it from
 running twice. Rebalances are cooperative (KIP-429, ``cooperative-sticky``): a worker that
 joins or leaves moves only the partitions that change owner, and the others' pickups go
-on; a revoked partition's finished positions are committed before it is handed over.
+on. kafka-python calls the rebalance listener on its own IO thread, where nothing may
+block: it only notes the revoked partitions, which the consumer thread then forgets (their
+new owner starts from the last committed position and skips what already ended).
 
 A record whose run is held elsewhere, or that hit a store or broker outage, is tried again
 after a delay without holding a slot (``later``); it stays open in the book meanwhile.
@@ -60,7 +62,7 @@ class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
         self._owner = owner
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        self._owner.revoked(list(revoked))
+        self._owner.revocations.put(list(revoked))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
@@ -91,6 +93,7 @@ class JobConsumer:
         self._later: list[Work] = []  # a heap by due time
         self._waiting: deque[Work] = deque()  # taken from a poll with no slot free
         self._consumer: KafkaConsumer | None = None
+        self.revocations: queue.Queue[list[TopicPartition]] = queue.Queue()
         self._running = 0
         self.commit_failures = 0
         self.picked: list[float] = []  # monotonic times records went to a slot (gaps)
@@ -131,6 +134,7 @@ class JobConsumer:
         try:
             while not self._stopping.is_set():
                 self._beat("consumer")
+                self._forget_revoked()
                 self._collect()
                 self._feed()
                 self._flow(consumer)
@@ -140,6 +144,7 @@ class JobConsumer:
                     log.warning("poll failed: %r", exc)
                     self._stopping.wait(1.0)
                     continue
+                self._forget_revoked()
                 for tp, records in polled.items():
                     for record in records:
                         self._book.take(tp, record.offset)
@@ -206,26 +211,23 @@ class JobConsumer:
             self.commit_failures += 1
             log.warning("commit of %s failed: %r", moved, exc)
 
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        """Inside poll(), before the partitions move: commit what finished there, forget
-        them (a job still running there goes on; its record's next owner waits on its
-        lease), and drop the records not started yet."""
-        if not partitions:
-            return
-        consumer = self._consumer
-        moved = {tp: pos for tp, pos in self._book.to_commit().items() if tp in partitions}
-        if consumer is not None and moved:
+    def _forget_revoked(self) -> None:
+        """Forget partitions revoked since the last look (a job still running there goes
+        on; its record's next owner waits on its lease), and drop their records not
+        started yet."""
+        while True:
             try:
-                consumer.commit({tp: OffsetAndMetadata(p, "", -1) for tp, p in moved.items()})
-            except (KafkaError, AssertionError) as exc:
-                self.commit_failures += 1
-                log.warning("commit on revoke of %s failed: %r", moved, exc)
-        self._book.drop(partitions)
-        gone = set(partitions)
-        self._later = [w for w in self._later if w.tp not in gone]
-        heapq.heapify(self._later)
-        self._waiting = deque(w for w in self._waiting if w.tp not in gone)
-        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+                partitions = self.revocations.get_nowait()
+            except queue.Empty:
+                return
+            if not partitions:
+                continue
+            self._book.drop(partitions)
+            gone = set(partitions)
+            self._later = [w for w in self._later if w.tp not in gone]
+            heapq.heapify(self._later)
+            self._waiting = deque(w for w in self._waiting if w.tp not in gone)
+            log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _drain(self, consumer: KafkaConsumer, deadline: float, abandon: Callable[[], None]) -> None:
         """Stopping: take nothing new, let running jobs finish until ``deadline``, then
