@@ -24,6 +24,10 @@ class KafkaSettings(_Section):
     # the join); a dead worker's jobs move to another after it. Heartbeats run in a thread,
     # so a long job does not lose its membership.
     session_timeout_ms: int = Field(6000, ge=1000)
+    # How the group's partitions are shared out (kafka-python's assignors): "cooperative-
+    # sticky" (KIP-429) moves only the partitions that change owner, in two rounds;
+    # "range" and "roundrobin" take every partition back at each change, in one round.
+    assignment: Literal["cooperative-sticky", "range", "roundrobin"] = "cooperative-sticky"
     request_timeout_seconds: float = Field(5.0, gt=0)
     # The largest message the producer sends (kafka-python's max_request_size); the gateway
     # refuses a job whose message would be over it with 413 before anything is written. The
@@ -189,6 +193,8 @@ class JobsSettings(_Section):
     # is sent again (its first message may never have reached the broker); the worker runs
     # a re-sent job only if it is still queued, so a slow queue does not run a job twice.
     requeue_after_seconds: float = Field(600.0, gt=0)
+    # How often a worker schedules the rollout batches whose lease it holds.
+    batch_poll_seconds: float = Field(2.0, gt=0)
     gateway_url: str = "http://127.0.0.1:8000"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

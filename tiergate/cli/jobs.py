@@ -170,3 +170,82 @@ def jobs_upload(
     from tiergate.jobsclient import commands
 
     _jobs(base_url, api_key, lambda c: commands.upload(c, path))
+
+
+batch_app = typer.Typer(
+    no_args_is_help=True,
+    help="Rollout batches: many tasks across domains, several samples each.",
+)
+jobs_app.add_typer(batch_app, name="batch")
+BatchIdArgument = Annotated[str, typer.Argument(help="The batch's id (batch_...)")]
+
+
+@batch_app.command("submit")
+def batch_submit(
+    file: Annotated[
+        str, typer.Argument(help="Tasks as JSON lines (job specs with domain, task_id)")
+    ],
+    samples: Annotated[int, typer.Option("--samples", help="Samples per task")] = 4,
+    rounds: Annotated[int, typer.Option(help="Rounds (later ones skip saturated tasks)")] = 1,
+    max_in_flight: Annotated[int, typer.Option(help="Jobs of the batch at once")] = 8,
+    max_jobs: Annotated[int | None, typer.Option(help="Budget: jobs sent at most")] = None,
+    weight: Annotated[
+        list[str] | None, typer.Option(help="A domain's weight, domain=w (repeatable)")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow it, per domain, to its end")] = False,
+    timeout: WaitTimeoutOption = None,
+    base_url: BaseUrlOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Submit a batch; print it (JSON). With --wait, progress per domain on stderr."""
+    from tiergate.jobsclient import batchcommands
+
+    weights = {k: float(v) for k, _, v in (w.partition("=") for w in weight or [])}
+    options: dict[str, object] = {"rounds": rounds, "max_in_flight": max_in_flight}
+    if weights:
+        options["domain_weights"] = weights
+    if max_jobs is not None:
+        options["budget"] = {"max_jobs": max_jobs}
+    _jobs(
+        base_url,
+        api_key,
+        lambda c: batchcommands.submit(c, file, samples, options, wait, timeout),
+    )
+
+
+@batch_app.command("get")
+def batch_get(
+    batch_id: BatchIdArgument, base_url: BaseUrlOption = None, api_key: ApiKeyOption = None
+) -> None:
+    """Print the batch (JSON): per-domain and per-task figures, skips, rollouts."""
+    from tiergate.jobsclient.commands import emit
+
+    def body(c: JobsClient) -> int:
+        emit(c.get_batch(batch_id).public(with_rollouts=True))
+        return 0
+
+    _jobs(base_url, api_key, body)
+
+
+@batch_app.command("rollouts")
+def batch_rollouts(
+    batch_id: BatchIdArgument, base_url: BaseUrlOption = None, api_key: ApiKeyOption = None
+) -> None:
+    """Print the finished rollouts as JSON lines (TRL's conversational shapes)."""
+    from tiergate.jobsclient import batchcommands
+
+    _jobs(base_url, api_key, lambda c: batchcommands.rollouts(c, batch_id))
+
+
+@batch_app.command("cancel")
+def batch_cancel(
+    batch_id: BatchIdArgument, base_url: BaseUrlOption = None, api_key: ApiKeyOption = None
+) -> None:
+    """Cancel the batch: nothing more starts; its queued jobs are cancelled."""
+    from tiergate.jobsclient.commands import emit
+
+    def body(c: JobsClient) -> int:
+        emit(c.cancel_batch(batch_id).public())
+        return 0
+
+    _jobs(base_url, api_key, body)

@@ -23,6 +23,7 @@ from tiergate import __version__
 from tiergate.backends.pool import TierPool
 from tiergate.gateway import openapi
 from tiergate.gateway.admission import Admission
+from tiergate.gateway.batches import BatchesAPI
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.jobroutes import add_job_components, register_job_routes
@@ -174,6 +175,7 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.gateway.max_body_bytes,
                 stream_pool,
             )
+            state.batches = BatchesAPI(state.jobs, store, settings.gateway.max_body_bytes)
         for pool in pools.values():
             await pool.start()
         if isinstance(app, GatewayApp):

@@ -8,14 +8,18 @@ from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
+from tiergate.gateway.batches import BatchesAPI
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.state import gateway_state
 from tiergate.protocol import JobCreate
+from tiergate.protocol.batches import BatchCreate
 
 # The job's schema with its nested models under the description's components/schemas.
 _JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
 _JOB_DEFS: dict[str, Any] = _JOB_CREATE.pop("$defs", {})
+_BATCH_CREATE = BatchCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+_JOB_DEFS.update(_BATCH_CREATE.pop("$defs", {}))
 
 
 def add_job_components(schema: dict[str, Any]) -> None:
@@ -32,7 +36,48 @@ def register_job_routes(app: FastAPI) -> None:
             )
         return jobs
 
+    def batches(request: Request) -> BatchesAPI:
+        batches = gateway_state(request).batches
+        if batches is None:
+            raise OpenAIError(
+                404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
+            )
+        return batches
+
     errors = openapi.error_responses("400", "401", "403", "404", "429", "503")
+
+    @app.post(
+        "/v1/jobs/batches",
+        tags=["jobs"],
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _BATCH_CREATE}},
+            }
+        },
+    )
+    async def create_batch(request: Request) -> Response:
+        """A rollout batch: tasks across domains, several samples each, run as the key's
+        own jobs and scheduled by the workers (README, "Rollout batches")."""
+        return await batches(request).create(request)
+
+    @app.get("/v1/jobs/batches/{batch_id}", tags=["jobs"], responses=errors)
+    async def get_batch(request: Request, batch_id: str) -> Response:
+        """Status, per-domain and per-task counts, pass rates, reward mean and spread,
+        skips, and every rollout."""
+        return await batches(request).get(request, batch_id)
+
+    @app.post("/v1/jobs/batches/{batch_id}/cancel", tags=["jobs"], responses=errors)
+    async def cancel_batch(request: Request, batch_id: str) -> Response:
+        """Idempotent: nothing more starts, queued jobs are cancelled."""
+        return await batches(request).cancel(request, batch_id)
+
+    @app.get("/v1/jobs/batches/{batch_id}/rollouts", tags=["jobs"], responses=errors)
+    async def batch_rollouts(request: Request, batch_id: str) -> Response:
+        """The finished rollouts as JSON lines, in TRL's conversational shapes."""
+        return await batches(request).rollouts(request, batch_id)
+
     too_large: dict[int | str, dict[str, Any]] = {
         "413": openapi.error_response(
             "The body is over gateway.max_body_bytes, or the job's queue "

@@ -95,21 +95,21 @@ class JobsAPI:
         self._jobs = JobLifecycle(store)
         self._gatekeeper = gatekeeper
         self._served_models = served_models
-        self._uploads = Uploads(settings, store, gatekeeper, self._storage)
+        self._uploads = Uploads(settings, store, gatekeeper, self.storage)
         self._streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
 
-    async def _storage(self, fn: Any, *args: Any) -> Any:
+    async def storage(self, fn: Any, *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)
         except StorageError as exc:
             raise unavailable("store", exc) from exc
 
-    def _caller(self, request: Request) -> Caller:
+    def caller(self, request: Request) -> Caller:
         return self._gatekeeper.authenticate(request.headers.get("authorization"))
 
     async def _owned(self, request: Request, job_id: str) -> Job:
-        caller = self._caller(request)
-        job: Job | None = await self._storage(self._store.get, job_id)
+        caller = self.caller(request)
+        job: Job | None = await self.storage(self._store.get, job_id)
         if job is None or job.owner != caller.name:
             # Another key's job does not exist, as far as this key can tell.
             raise OpenAIError(
@@ -126,7 +126,7 @@ class JobsAPI:
 
     # -- create -----------------------------------------------------------------------------
 
-    def _check_spec(self, caller: Caller, spec: JobCreate) -> None:
+    def check_spec(self, caller: Caller, spec: JobCreate) -> None:
         try:
             tier = parse_requested_tier(spec.service_tier)
         except UnknownTierError:
@@ -186,16 +186,25 @@ class JobsAPI:
         except MessageTooLarge as exc:
             raise too_large_for_queue(exc) from None
 
+    def outstanding_cap(self, caller: Caller) -> int:
+        """How many unfinished jobs the key may have."""
+        return (caller.key and caller.key.limits.max_outstanding_jobs) or (
+            self._settings.max_outstanding_jobs
+        )
+
+    async def count(self, caller: Caller) -> dict[str, str]:
+        """Count a submission against the key's requests per minute (429 when over); the
+        rate-limit headers."""
+        return await self._gatekeeper.count_request(caller, f"job_{uuid.uuid4().hex}")
+
     async def _admit(self, caller: Caller) -> tuple[str, dict[str, str]]:
         """A new job's id and rate-limit headers, once the submission is counted against
         the key's requests per minute (429 when over) and its outstanding jobs are under
         the cap (429 when at it): what create and replay both check."""
         job_id = f"job_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, job_id)
-        cap = (caller.key and caller.key.limits.max_outstanding_jobs) or (
-            self._settings.max_outstanding_jobs
-        )
-        if await self._storage(self._store.outstanding, caller.name, cap) >= cap:
+        cap = self.outstanding_cap(caller)
+        if await self.storage(self._store.outstanding, caller.name, cap) >= cap:
             raise OpenAIError(
                 429,
                 f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
@@ -206,13 +215,13 @@ class JobsAPI:
         return job_id, headers
 
     async def create(self, request: Request) -> Response:
-        caller = self._caller(request)
+        caller = self.caller(request)
         body = parse_body(await read_body(request, self._max_body_bytes))
         try:
             spec = JobCreate.model_validate(body)
         except ValidationError as exc:
             raise _invalid(exc) from None
-        self._check_spec(caller, spec)
+        self.check_spec(caller, spec)
         if upload := spec.workspace.upload_id:
             await self._uploads.check_named(caller, upload, 400, "workspace.upload_id")
         job_id, headers = await self._admit(caller)
@@ -220,11 +229,11 @@ class JobsAPI:
         if idempotency := request.headers.get("idempotency-key"):
             digest = hashlib.sha256(f"{idempotency}\n{spec.model_dump_json()}".encode())
             digest_hex = digest.hexdigest()
-            bound = await self._storage(
+            bound = await self.storage(
                 self._store.claim_idempotency, caller.name, digest_hex, job_id
             )
             if bound != job_id:
-                existing = await self._storage(self._store.get, bound)
+                existing = await self.storage(self._store.get, bound)
                 if existing is not None:
                     return json_response(await self._public(existing), headers=headers)
                 job_id = bound  # a retry of a create that failed before its record
@@ -251,7 +260,7 @@ class JobsAPI:
         return json_response(job.public({}), headers=headers)
 
     async def _created_by_another(self, job_id: str, headers: dict[str, str]) -> Response:
-        existing = await self._storage(self._store.get, job_id)
+        existing = await self.storage(self._store.get, job_id)
         if existing is None:  # that create has just failed and undone its record
             raise OpenAIError(
                 409,
@@ -275,7 +284,7 @@ class JobsAPI:
         queues it, a worker runs it. Another key's job is a 404 as for get; a job not
         finished, or one that cannot be replayed, a 409; it counts against the key's rate
         limit and outstanding jobs as a submit does."""
-        caller = self._caller(request)
+        caller = self.caller(request)
         original = await self._owned(request, job_id)
         if not original.status.terminal:
             raise OpenAIError(
@@ -292,8 +301,8 @@ class JobsAPI:
                 param="job_id",
                 code="job_not_replayable",
             )
-        artifacts = await self._storage(self._store.artifact_urls, job_id)
-        spec: JobCreate | None = await self._storage(self._store.spec, job_id)
+        artifacts = await self.storage(self._store.artifact_urls, job_id)
+        spec: JobCreate | None = await self.storage(self._store.spec, job_id)
         if "trajectory" not in artifacts or spec is None:
             raise OpenAIError(
                 409,
@@ -328,11 +337,11 @@ class JobsAPI:
     async def upload(self, request: Request) -> Response:
         """A starting workspace (a tar archive, optionally compressed) for this key's jobs;
         received as :mod:`~tiergate.gateway.uploads` says."""
-        answer, headers = await self._uploads.receive(self._caller(request), request)
+        answer, headers = await self._uploads.receive(self.caller(request), request)
         return json_response(answer, headers=headers)
 
     async def delete_upload(self, request: Request, upload_id: str) -> Response:
-        return json_response(await self._uploads.delete(self._caller(request), upload_id))
+        return json_response(await self._uploads.delete(self.caller(request), upload_id))
 
     # -- read, list, cancel, events ---------------------------------------------------------
 
@@ -340,8 +349,8 @@ class JobsAPI:
         return json_response(await self._public(await self._owned(request, job_id)))
 
     async def listing(self, request: Request, after: str | None, limit: int) -> Response:
-        caller = self._caller(request)
-        jobs, more = await self._storage(self._store.list_jobs, caller.name, after, limit)
+        caller = self.caller(request)
+        jobs, more = await self.storage(self._store.list_jobs, caller.name, after, limit)
         data = [job.public({}) for job in jobs]
         return json_response(
             {
@@ -355,10 +364,10 @@ class JobsAPI:
 
     async def cancel(self, request: Request, job_id: str) -> Response:
         job = await self._owned(request, job_id)
-        job = await self._storage(self._jobs.cancel, job)
+        job = await self.storage(self._jobs.cancel, job)
         return json_response(await self._public(job))
 
     async def events(self, request: Request, job_id: str, starting_after: int) -> Response:
-        caller = self._caller(request)
+        caller = self.caller(request)
         await self._owned(request, job_id)
         return await self._streams.open(caller, job_id, starting_after)

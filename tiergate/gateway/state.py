@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from tiergate.backends.pool import TierPool
+from tiergate.gateway.batches import BatchesAPI
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.jobs import JobsAPI
 from tiergate.gateway.metrics import GatewayMetrics
@@ -36,6 +37,7 @@ class GatewayState:
     gatekeeper: Gatekeeper
     evidence: TierEvidence
     jobs: JobsAPI | None = None
+    batches: BatchesAPI | None = None
 
 
 def install_gateway_state(app: Starlette, state: GatewayState) -> None:

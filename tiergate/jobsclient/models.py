@@ -70,3 +70,16 @@ class JobList(_Open):
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
+
+
+class Batch(protocol.Batch):
+    """``GET /v1/jobs/batches/{id}``: a rollout batch as its owner sees it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    owner: str = Field("", exclude=True)
+
+    @property
+    def finished(self) -> bool:
+        """Nothing of it runs any more (completed, or cancelled and drained)."""
+        return self.status != "in_progress" and self.completed_at is not None

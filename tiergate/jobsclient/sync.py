@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -12,7 +13,8 @@ from httpx_sse import connect_sse
 
 from tiergate.jobsclient import wire
 from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
-from tiergate.jobsclient.models import Job, JobEvent, JobList
+from tiergate.jobsclient.errors import JobsTimeout
+from tiergate.jobsclient.models import Batch, Job, JobEvent, JobList
 from tiergate.protocol import JobCreate
 
 T = TypeVar("T")
@@ -92,6 +94,47 @@ class JobsClient(wire.Client[httpx.Client]):
         worker runs the recorded commands without the model, and the job ends with its
         ``replay`` report (:meth:`wait` for it)."""
         return self._call(wire.replay(job_id))
+
+    # -- rollout batches --------------------------------------------------------------------
+
+    def submit_batch(
+        self, tasks: Iterable[Mapping[str, Any]], samples_per_task: int = 4, **options: Any
+    ) -> Batch:
+        """A rollout batch: ``tasks`` (job specs, each with ``domain`` and ``task_id``),
+        ``samples_per_task``, and the rest of ``BatchCreate`` as keywords (``rounds``,
+        ``domain_weights``, ``budget``, ``max_in_flight``, ...)."""
+        body = {"tasks": list(tasks), "samples_per_task": samples_per_task, **options}
+        return self._call(wire.submit_batch(body))
+
+    def get_batch(self, batch_id: str) -> Batch:
+        return self._call(wire.get_batch(batch_id))
+
+    def cancel_batch(self, batch_id: str) -> Batch:
+        """Idempotent: nothing more of it starts; its queued jobs are cancelled."""
+        return self._call(wire.cancel_batch(batch_id))
+
+    def rollouts(self, batch_id: str) -> builtins.list[dict[str, Any]]:
+        """The batch's finished rollouts, as the export's JSON lines (one dict each)."""
+        return self._call(wire.batch_rollouts(batch_id))
+
+    def wait_batch(
+        self,
+        batch_id: str,
+        timeout: float | None = None,
+        on_progress: Callable[[Batch], None] | None = None,
+        poll_seconds: float = 2.0,
+    ) -> Batch:
+        """Poll the batch until nothing of it runs; each reading to ``on_progress``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if batch.finished:
+                return batch
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobsTimeout(batch_id, timeout or 0.0, batch.status)
+            time.sleep(poll_seconds)
 
     def events(self, job_id: str, starting_after: int = 0) -> Iterator[JobEvent]:
         """The job's events after ``starting_after``, in order, until its terminal event.

@@ -6,6 +6,7 @@ only sends the calls and reads the event streams on it."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import httpx
 from tiergate.jobsclient.base import Follow, Options, check, idempotency_headers, job_body
 from tiergate.jobsclient.base import options as make_options
 from tiergate.jobsclient.errors import JobsConnectionError, JobsTimeout
-from tiergate.jobsclient.models import Job, JobEvent, JobList
+from tiergate.jobsclient.models import Batch, Job, JobEvent, JobList
 from tiergate.protocol import JobCreate
 
 T = TypeVar("T")
@@ -106,6 +107,30 @@ def cancel(job_id: str) -> Call[Job]:
 
 def replay(job_id: str) -> Call[Job]:
     return Call("POST", f"/v1/jobs/{job_id}/replay", _job)
+
+
+def _batch(response: httpx.Response) -> Batch:
+    return Batch.model_validate_json(response.content)
+
+
+def _lines(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+
+def submit_batch(body: Mapping[str, Any]) -> Call[Batch]:
+    return Call("POST", "/v1/jobs/batches", _batch, json=dict(body))
+
+
+def get_batch(batch_id: str) -> Call[Batch]:
+    return Call("GET", f"/v1/jobs/batches/{batch_id}", _batch)
+
+
+def cancel_batch(batch_id: str) -> Call[Batch]:
+    return Call("POST", f"/v1/jobs/batches/{batch_id}/cancel", _batch)
+
+
+def batch_rollouts(batch_id: str) -> Call[list[dict[str, Any]]]:
+    return Call("GET", f"/v1/jobs/batches/{batch_id}/rollouts", _lines)
 
 
 def stream(opts: Options, follow: Follow) -> dict[str, Any]:

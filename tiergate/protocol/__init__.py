@@ -7,6 +7,7 @@ library), so the gateway, the jobs client, the sandbox, the environment builder 
 worker can all stand on it without loading one another.
 """
 
+from tiergate.protocol.batches import Batch, BatchCreate, BatchTask, Rollout
 from tiergate.protocol.jobs import (
     TERMINAL_EVENTS,
     TERMINAL_STATUSES,
@@ -37,6 +38,9 @@ __all__ = [
     "MAX_WORKSPACE_FILES",
     "TERMINAL_EVENTS",
     "TERMINAL_STATUSES",
+    "Batch",
+    "BatchCreate",
+    "BatchTask",
     "CommandEntry",
     "Job",
     "JobCreate",
@@ -50,6 +54,7 @@ __all__ = [
     "ReplayStep",
     "ReplayVerifier",
     "ReplayedCommand",
+    "Rollout",
     "SandboxLimits",
     "SetupEntry",
     "TrajectoryEntry",

@@ -62,6 +62,11 @@ class JobStore:
     def _key(self, job_id: str, name: str) -> str:
         return f"{self._prefix}{job_id}/{name}"
 
+    def prefixed(self, rel: str) -> str:
+        """``rel`` under this store's prefix (for the layouts laid beside the jobs': the
+        batches', tiergate.queue.batches.store)."""
+        return f"{self._prefix}{rel}"
+
     def ensure_bucket(self) -> None:
         self.objects.ensure_bucket()
 

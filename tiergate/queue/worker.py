@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,15 +36,20 @@ from collections.abc import Callable
 import httpx
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from tiergate.protocol import JobMessage
 from tiergate.queue.agent import ModelClient
+from tiergate.queue.batches.driver import BatchDriver
+from tiergate.queue.batches.metrics import BatchMetrics
 from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.consumer import JobConsumer, Verdict, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
+from tiergate.queue.lease import Fenced
 from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
@@ -54,6 +61,14 @@ from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
+ASSIGNORS = {
+    "cooperative-sticky": CooperativeStickyAssignor,
+    "range": RangePartitionAssignor,
+    "roundrobin": RoundRobinPartitionAssignor,
+}
+# Heartbeats this often: a member learns of a rebalance from a heartbeat's answer, so the
+# sooner it rejoins, the shorter the pause in pickups (capped at a third of the session).
+HEARTBEAT_MS = 500
 # The retry forwarder waits for a message's due time between polls (backoffs reach
 # minutes); the jobs consumer polls every 200 ms whatever runs, so a minute says it hung.
 MAX_POLL_INTERVAL_MS = (6 * 3600 + 3600 + 600) * 1000
@@ -116,10 +131,10 @@ class Worker:
             auto_offset_reset="earliest",
             max_poll_records=max(1, self._settings.worker.concurrency),
             session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=max(300, kafka.session_timeout_ms // 3),
+            heartbeat_interval_ms=min(HEARTBEAT_MS, kafka.session_timeout_ms // 3),
             max_poll_interval_ms=max_poll_interval_ms,
             fetch_max_wait_ms=100,
-            partition_assignment_strategy=[CooperativeStickyAssignor],
+            partition_assignment_strategy=[ASSIGNORS[kafka.assignment]],
         )
         consumer.subscribe([topic], listener=listener)
         return consumer
@@ -160,6 +175,7 @@ class Worker:
         self._thread("consumer", self._consume)
         self._thread("lease-keeper", self._keep_leases)
         self._thread("retry-forwarder", self._forward_retries)
+        self._thread("batch-scheduler", self._schedule_batches)
         self._thread("sweeper", self._sweep)
         if self.http is not None:
             self.http.start()
@@ -323,6 +339,24 @@ class Worker:
                         self._commit(consumer, tp, record.offset)
         finally:
             consumer.close(autocommit=False)
+
+    def _schedule_batches(self) -> None:
+        """Rollout batches whose lease this worker holds (tiergate.queue.batches)."""
+        name = threading.current_thread().name
+        driver = BatchDriver(
+            self._store,
+            self._queue,
+            self.leases,
+            f"{socket.gethostname()}:{os.getpid()}:batches",
+            self._settings.max_outstanding_jobs,
+            BatchMetrics(self.metrics.registry),
+        )
+        while not self._stopping.wait(self._settings.batch_poll_seconds):
+            self.liveness.beat(name)
+            try:
+                driver.run_once()
+            except (StorageError, QueueUnavailable, Fenced) as exc:
+                log.warning("batch scheduling pass skipped: %s", exc)
 
     def _sweep(self) -> None:
         """Queue lag for the metrics every 15 s; the lost-message sweep every minute."""

@@ -1,0 +1,177 @@
+"""Rollout batches' pure parts: reward normalization against hand-computed values, and the
+scheduler's decisions (rounds, saturation, weights, budget, cancel, failing domains)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tiergate.protocol.batches import Batch, BatchCreate, Rollout
+from tiergate.queue.batches.driver import job_id_of
+from tiergate.queue.batches.export import conversation
+from tiergate.queue.batches.rewards import normalize
+from tiergate.queue.batches.schedule import decide
+
+
+def _task(domain: str, task_id: str) -> dict[str, str]:
+    return {"model": "m", "instruction": f"do {task_id}", "domain": domain, "task_id": task_id}
+
+
+def _spec(**kw: object) -> BatchCreate:
+    tasks = kw.pop("tasks", [_task("code", "a"), _task("code", "b"), _task("docs", "c")])
+    return BatchCreate.model_validate({"tasks": tasks, **kw})
+
+
+def _batch(spec: BatchCreate) -> Batch:
+    return Batch(
+        id="batch_x",
+        owner="o",
+        created_at=0,
+        samples_per_task=spec.samples_per_task,
+        rounds=spec.rounds,
+    )
+
+
+def _end(batch: Batch, passed: dict[tuple[str, int], bool]) -> None:
+    for r in batch.rollouts:
+        if (r.task_id, r.sample) in passed:
+            r.status, r.passed = "completed", passed[(r.task_id, r.sample)]
+            r.reward = 1.0 if r.passed else 0.0
+
+
+def _roll(domain: str, task: str, sample: int, reward: float) -> Rollout:
+    return Rollout(
+        job_id=f"{domain}-{task}-{sample}",
+        domain=domain,
+        task_id=task,
+        sample=sample,
+        round=1,
+        status="completed",
+        passed=reward > 0,
+        reward=reward,
+    )
+
+
+def test_group_and_domain_normalization_match_the_hand_computed_values() -> None:
+    rollouts = [
+        _roll("code", "a", 0, 1.0),
+        _roll("code", "a", 1, 0.0),
+        _roll("code", "a", 2, 0.0),
+        _roll("code", "a", 3, 1.0),  # mean 0.5, std 0.5
+        _roll("code", "b", 0, 1.0),
+        _roll("code", "b", 1, 1.0),  # all passed: advantage 0
+        _roll("math", "c", 0, 90.0),
+        _roll("math", "c", 1, 10.0),  # mean 50, std 40
+    ]
+    out = normalize(rollouts, clip=5.0)
+    a, z, n = out["code-a-0"]
+    assert a == pytest.approx(0.5) and z == pytest.approx(1.0, rel=1e-5)
+    # code's scale: sqrt((4 * 0.25 + 2 * 0) / 6) = sqrt(1/6)
+    assert n == pytest.approx(0.5 / math.sqrt(1 / 6))
+    assert out["code-b-1"] == (0.0, 0.0, 0.0)
+    a, z, n = out["math-c-1"]
+    assert a == pytest.approx(-40.0) and z == pytest.approx(-1.0, rel=1e-5)
+    assert n == pytest.approx(-1.0)  # scale sqrt((1600 + 1600) / 2) = 40: alike to code's
+    clipped = normalize(rollouts, clip=1.0)
+    assert clipped["code-a-0"][2] == 1.0 and clipped["code-a-1"][2] == -1.0
+
+
+def test_saturated_tasks_get_no_later_round_and_the_skip_says_why() -> None:
+    spec = _spec(samples_per_task=2, rounds=2, max_in_flight=100)
+    batch = _batch(spec)
+    plan = decide(spec, batch, cancelled=False)
+    assert len(plan.start) == 6
+    for s in plan.start:
+        t = spec.tasks[s.task]
+        batch.rollouts.append(
+            Rollout(
+                job_id=job_id_of("b", s.task, s.sample),
+                domain=t.domain,
+                task_id=t.task_id,
+                sample=s.sample,
+                round=s.round,
+            )
+        )
+    _end(
+        batch,
+        {
+            ("a", 0): True,
+            ("a", 1): True,
+            ("b", 0): True,
+            ("b", 1): False,
+            ("c", 0): False,
+            ("c", 1): False,
+        },
+    )
+    plan = decide(spec, batch, cancelled=False)
+    assert batch.round == 2
+    assert [(spec.tasks[s.task].task_id, s.sample, s.round) for s in plan.start] == [
+        ("b", 2, 2),
+        ("b", 3, 2),
+    ]
+    skipped = {(s.task_id, s.reason) for s in batch.skips}
+    assert skipped == {("a", "saturated"), ("c", "saturated")}
+    assert "all 2 samples passed" in next(s.detail for s in batch.skips if s.task_id == "a")
+
+
+def test_domains_share_the_window_by_weight() -> None:
+    tasks = [_task("slow", f"s{i}") for i in range(10)] + [
+        _task("fast", f"f{i}") for i in range(10)
+    ]
+    spec = _spec(
+        tasks=tasks, samples_per_task=1, max_in_flight=4, domain_weights={"slow": 1, "fast": 3}
+    )
+    plan = decide(spec, _batch(spec), cancelled=False)
+    domains = [spec.tasks[s.task].domain for s in plan.start]
+    assert sorted(domains) == ["fast", "fast", "fast", "slow"]
+
+
+def test_budget_cancel_and_a_failing_domain() -> None:
+    spec = _spec(samples_per_task=4, budget={"max_jobs": 5}, max_in_flight=100)
+    batch = _batch(spec)
+    assert len(decide(spec, batch, cancelled=False).start) == 5
+    spec = _spec(samples_per_task=2, max_in_flight=100)
+    batch = _batch(spec)
+    for s in decide(spec, batch, cancelled=False).start:
+        t = spec.tasks[s.task]
+        batch.rollouts.append(
+            Rollout(
+                job_id=f"j{s.task}{s.sample}",
+                domain=t.domain,
+                task_id=t.task_id,
+                sample=s.sample,
+                round=1,
+            )
+        )
+    for r in batch.rollouts:
+        if r.domain == "code":
+            r.status, r.error_code = "failed", "environment_unavailable"
+    plan = decide(spec, batch, cancelled=False)
+    assert "code" in batch.removed_domains and plan.start == []
+    assert plan.cancel == []  # code's rollouts all ended; docs' go on
+    plan = decide(spec, batch, cancelled=True)
+    assert batch.status == "cancelled" and sorted(plan.cancel) == ["j20", "j21"]
+
+
+def test_the_conversation_is_what_the_agent_sent() -> None:
+    entries = [
+        {"type": "setup", "command": "true", "exit_code": 0, "output": ""},
+        {"type": "model", "content": "```bash\nls\n```", "tool_calls": None},
+        {"type": "command", "step": 1, "command": "ls", "exit_code": 0, "output": "a\n"},
+        {"type": "model", "content": "hmm", "tool_calls": None},
+        {"type": "model", "content": "DONE", "tool_calls": None},
+    ]
+    messages = conversation("list", entries)
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert messages[3]["content"] == "exit status 0\na\n"
+    assert messages[5]["content"].startswith("No command found.")
+    assert messages[-1]["content"] == "DONE"

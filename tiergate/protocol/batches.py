@@ -1,0 +1,123 @@
+"""Rollout batches (``/v1/jobs/batches``): many tasks across domains, several samples of
+each, run as ordinary jobs of the batch's owner and scheduled by the workers
+(tiergate.queue.batches). The docstrings are published in the OpenAPI description."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from tiergate.protocol.base import Strict
+from tiergate.protocol.spec import JobCreate
+
+DOMAIN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class BatchTask(JobCreate):
+    """One task: an ordinary job spec, with the domain it belongs to and its id in it."""
+
+    domain: str = Field(pattern=DOMAIN_PATTERN)
+    task_id: str = Field(min_length=1, max_length=128)
+
+    def job_spec(self) -> JobCreate:
+        return JobCreate.model_validate(self.model_dump(exclude={"domain", "task_id"}))
+
+
+class BatchBudget(Strict):
+    """The most the batch may spend: jobs submitted, and model tokens (prompt and
+    completion, as the gateway counted them) of the rollouts finished. Once either is
+    reached no further sample starts; what runs finishes."""
+
+    max_jobs: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class BatchCreate(Strict):
+    """A batch: ``tasks`` (the client and CLI read them from a JSONL file, one task a
+    line), ``samples_per_task`` samples of each in the first round; in each of
+    ``rounds - 1`` later rounds a task whose samples so far neither all passed nor all
+    failed gets ``samples_per_task`` more (``extra_samples`` to set another number), up to
+    the budget. ``domain_weights`` share the running jobs between domains (1 each when
+    not given); ``max_in_flight`` is how many of the batch's jobs run or wait at once."""
+
+    tasks: list[BatchTask] = Field(min_length=1, max_length=20_000)
+    samples_per_task: int = Field(4, ge=1, le=64)
+    rounds: int = Field(1, ge=1, le=16)
+    extra_samples: int | None = Field(None, ge=1, le=64)
+    domain_weights: dict[str, float] = Field(default_factory=dict)
+    budget: BatchBudget = Field(default_factory=BatchBudget)
+    max_in_flight: int = Field(8, ge=1, le=1024)
+    # Rewards clipped to +-clip after the per-domain scale normalization (README, Batches).
+    advantage_clip: float = Field(5.0, gt=0)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tasks_once(self) -> BatchCreate:
+        seen: set[tuple[str, str]] = set()
+        for task in self.tasks:
+            key = (task.domain, task.task_id)
+            if key in seen:
+                raise ValueError(f"task {task.task_id!r} appears twice in domain {task.domain!r}")
+            seen.add(key)
+        for domain, weight in self.domain_weights.items():
+            if weight <= 0:
+                raise ValueError(f"domain_weights.{domain}: a weight is positive")
+        return self
+
+
+class Rollout(BaseModel):
+    """One sample of one task: the job that ran it and what it scored."""
+
+    job_id: str
+    domain: str
+    task_id: str
+    sample: int
+    round: int
+    status: str = "queued"
+    passed: bool | None = None
+    reward: float | None = None
+    advantage: float | None = None
+    reward_normalized: float | None = None
+    normalized_advantage: float | None = None
+    tokens: int = 0
+    service_tier: str | None = None
+    environment_digest: str | None = None
+    error_code: str | None = None
+
+
+class Skip(BaseModel):
+    """Something the scheduler chose not to run, and why."""
+
+    domain: str
+    task_id: str | None = None
+    reason: Literal["saturated", "budget", "domain_removed", "cancelled"]
+    detail: str
+
+
+class Batch(BaseModel):
+    """The batch as its owner reads it: status, counts, per-domain and per-task figures
+    (``stats``), the skips, and each rollout."""
+
+    id: str
+    object: Literal["jobs.batch"] = "jobs.batch"
+    owner: str
+    status: Literal["in_progress", "completed", "cancelled"] = "in_progress"
+    created_at: int
+    completed_at: int | None = None
+    samples_per_task: int
+    rounds: int
+    round: int = 1
+    # Samples planned per task ("domain/task_id"), once a later round added some.
+    planned: dict[str, int] = Field(default_factory=dict)
+    domains: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    removed_domains: dict[str, str] = Field(default_factory=dict)
+    counts: dict[str, int] = Field(default_factory=dict)
+    tokens: int = 0
+    skips: list[Skip] = Field(default_factory=list)
+    rollouts: list[Rollout] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    def public(self, with_rollouts: bool = False) -> dict[str, Any]:
+        exclude = {"owner"} if with_rollouts else {"owner", "rollouts"}
+        return self.model_dump(mode="json", exclude=exclude)

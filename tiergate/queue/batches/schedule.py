@@ -1,0 +1,197 @@
+"""What a batch runs next: a pure decision over the batch's request and its rollouts so far
+(the driver, :mod:`.driver`, reads and writes the store around it).
+
+- **Rounds.** Round 1 plans ``samples_per_task`` samples of every task. When every rollout
+  of a round has ended, each task whose scored samples so far all passed or all failed is
+  *saturated*: it gets no more samples (under group-relative rewards it carries no
+  learning signal), a skip says so; every other task gets ``extra_samples`` more in the
+  next round, up to ``rounds``.
+- **Domains share the running jobs by weight.** At most ``max_in_flight`` of the batch's
+  jobs wait or run at once; a domain with samples left may hold at most its weight's share
+  of them (``max(1, floor(max_in_flight * w / sum of the active domains' w))``), and the
+  next sample goes to the domain with the fewest in flight for its weight. A domain of
+  slow tasks therefore holds its share of the slots, never the others'. (The share is of
+  the batch's jobs in flight: it is the share of the slots while ``max_in_flight`` is at
+  most the slots the batch gets; more wait in the queue in the order they were sent.)
+- **A domain whose environment keeps failing is taken out**: three or more of its rollouts
+  ended with an infrastructure failure (``environment_unavailable``, ``sandbox``,
+  ``environment_not_found``) and more of them than scored ones. Its samples left are
+  skipped and its queued jobs cancelled; the other domains go on.
+- **Budget**: no sample starts once ``budget.max_jobs`` jobs were sent or the finished
+  rollouts spent ``budget.max_tokens``.
+- **Cancel**: nothing more starts; jobs still queued are cancelled, running ones end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from tiergate.protocol.batches import Batch, BatchCreate, Rollout, Skip
+
+INFRA_FAILURES = ("environment_unavailable", "sandbox", "environment_not_found")
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Sample:
+    task: int  # index into the batch's tasks
+    sample: int
+    round: int
+
+
+@dataclass
+class Plan:
+    start: list[Sample] = field(default_factory=list)
+    cancel: list[str] = field(default_factory=list)  # job ids still queued to cancel
+
+
+def terminal(rollout: Rollout) -> bool:
+    return rollout.status in TERMINAL
+
+
+def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> Plan:
+    """Change ``batch`` (round, skips, removed domains, status) and say what to start and
+    what to cancel now."""
+    plan = Plan()
+    _remove_failing_domains(batch)
+    if cancelled and batch.status == "in_progress":
+        batch.status = "cancelled"
+        batch.skips.append(Skip(domain="*", reason="cancelled", detail="the batch was cancelled"))
+    if batch.status == "cancelled" or batch.removed_domains:
+        plan.cancel = [
+            r.job_id
+            for r in batch.rollouts
+            if r.status == "queued"
+            and (batch.status == "cancelled" or r.domain in batch.removed_domains)
+        ]
+    if batch.status != "in_progress":
+        return plan
+    wanted = _wanted(spec, batch)
+    if not wanted and all(terminal(r) for r in batch.rollouts):
+        if batch.round < spec.rounds and _next_round(spec, batch):
+            wanted = _wanted(spec, batch)
+        else:
+            batch.status = "completed"
+            return plan
+    over = _over_budget(spec, batch)
+    if over is not None:
+        if not any(s.reason == "budget" for s in batch.skips) and wanted:
+            batch.skips.append(Skip(domain="*", reason="budget", detail=over))
+        if all(terminal(r) for r in batch.rollouts):
+            batch.status = "completed"
+        return plan
+    plan.start = _fill(spec, batch, wanted)
+    return plan
+
+
+def task_key(domain: str, task_id: str) -> str:
+    return f"{domain}/{task_id}"
+
+
+def _planned(spec: BatchCreate, batch: Batch) -> list[Sample]:
+    """Every sample planned so far (``batch.planned`` per task; round 1's when absent)."""
+    extra = spec.extra_samples or spec.samples_per_task
+    samples = []
+    for index, task in enumerate(spec.tasks):
+        count = batch.planned.get(task_key(task.domain, task.task_id), spec.samples_per_task)
+        for i in range(count):
+            round_ = 1 if i < spec.samples_per_task else 2 + (i - spec.samples_per_task) // extra
+            samples.append(Sample(index, i, round_))
+    return samples
+
+
+def _wanted(spec: BatchCreate, batch: Batch) -> list[Sample]:
+    """Planned samples not started yet, of domains still in the batch."""
+    started = {(r.task_id, r.domain, r.sample) for r in batch.rollouts}
+    return [
+        s
+        for s in _planned(spec, batch)
+        if (spec.tasks[s.task].task_id, spec.tasks[s.task].domain, s.sample) not in started
+        and spec.tasks[s.task].domain not in batch.removed_domains
+    ]
+
+
+def _next_round(spec: BatchCreate, batch: Batch) -> bool:
+    """Close the current round: mark saturated tasks; True if any task gets more samples."""
+    by_task: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
+    for rollout in batch.rollouts:
+        by_task[(rollout.domain, rollout.task_id)].append(rollout)
+    already = {(s.domain, s.task_id) for s in batch.skips if s.reason == "saturated"}
+    more = False
+    for task in spec.tasks:
+        key = (task.domain, task.task_id)
+        if key in already or task.domain in batch.removed_domains:
+            continue
+        verdicts = [r.passed for r in by_task[key] if r.status in ("completed", "incomplete")]
+        if verdicts and (all(verdicts) or not any(verdicts)):
+            what = "passed" if all(verdicts) else "failed"
+            batch.skips.append(
+                Skip(
+                    domain=task.domain,
+                    task_id=task.task_id,
+                    reason="saturated",
+                    detail=f"after round {batch.round}: all {len(verdicts)} samples {what}",
+                )
+            )
+        else:
+            more = True
+            planned = batch.planned.get(task_key(*key), spec.samples_per_task)
+            batch.planned[task_key(*key)] = planned + (spec.extra_samples or spec.samples_per_task)
+    if more:
+        batch.round += 1
+    return more
+
+
+def _over_budget(spec: BatchCreate, batch: Batch) -> str | None:
+    budget = spec.budget
+    if budget.max_jobs is not None and len(batch.rollouts) >= budget.max_jobs:
+        return f"budget.max_jobs ({budget.max_jobs}) jobs were sent"
+    if budget.max_tokens is not None and batch.tokens >= budget.max_tokens:
+        return (
+            f"the rollouts spent {batch.tokens} tokens of budget.max_tokens ({budget.max_tokens})"
+        )
+    return None
+
+
+def _fill(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Sample]:
+    in_flight = Counter(r.domain for r in batch.rollouts if not terminal(r))
+    room = spec.max_in_flight - sum(in_flight.values())
+    if spec.budget.max_jobs is not None:
+        room = min(room, spec.budget.max_jobs - len(batch.rollouts))
+    queues: dict[str, list[Sample]] = defaultdict(list)
+    for sample in wanted:
+        queues[spec.tasks[sample.task].domain].append(sample)
+    weight = {d: spec.domain_weights.get(d, 1.0) for d in queues}
+    total = sum(weight.values())
+    cap = {d: max(1, int(spec.max_in_flight * weight[d] / total)) for d in queues}
+    start: list[Sample] = []
+    while room > 0:
+        open_ = [d for d in queues if queues[d] and in_flight[d] < cap[d]]
+        if not open_:
+            break
+        domain = min(open_, key=lambda d: (in_flight[d] / weight[d], d))
+        start.append(queues[domain].pop(0))
+        in_flight[domain] += 1
+        room -= 1
+    return start
+
+
+def _remove_failing_domains(batch: Batch) -> None:
+    ended: dict[str, Counter[str]] = defaultdict(Counter)
+    for rollout in batch.rollouts:
+        if rollout.status in ("completed", "incomplete"):
+            ended[rollout.domain]["scored"] += 1
+        elif rollout.status == "failed" and rollout.error_code in INFRA_FAILURES:
+            ended[rollout.domain]["infra"] += 1
+    for domain, counts in ended.items():
+        if domain in batch.removed_domains:
+            continue
+        if counts["infra"] >= 3 and counts["infra"] > counts["scored"]:
+            batch.removed_domains[domain] = (
+                f"{counts['infra']} of its rollouts failed for their environment "
+                f"(against {counts['scored']} that ran)"
+            )
+            batch.skips.append(
+                Skip(domain=domain, reason="domain_removed", detail=batch.removed_domains[domain])
+            )

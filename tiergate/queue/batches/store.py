@@ -1,0 +1,82 @@
+"""A batch's keys, beside the jobs' in the jobs bucket (:class:`JobStore`'s prefix):
+
+    batches/{owner}/{id}/request.json   the batch as accepted, written once
+    batches/{owner}/{id}/state.json     the batch as its scheduler last wrote it (its
+                                        lease's holder only: tiergate.queue.lease)
+    batches/{owner}/{id}/cancel         present once cancelled
+    batches/{owner}/{id}/runs/NNNN      the scheduler's lease
+    batches-active/{owner}/{id}         present while the batch is not finished
+
+The owner is in every key, so that a key reads only its own batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from tiergate.objectstore import StorageError
+from tiergate.protocol.batches import Batch, BatchCreate
+from tiergate.queue.store import JobStore
+
+
+class BatchStore:
+    def __init__(self, store: JobStore) -> None:
+        self.jobs = store
+        self._objects = store.objects
+
+    @staticmethod
+    def lease_id(owner: str, batch_id: str) -> str:
+        """The id its scheduler's lease is taken on (Leases lays runs/ under it)."""
+        return f"batches/{owner}/{batch_id}"
+
+    def _key(self, owner: str, batch_id: str, name: str) -> str:
+        return self.jobs.prefixed(f"batches/{owner}/{batch_id}/{name}")
+
+    def _active(self, owner: str, batch_id: str) -> str:
+        return self.jobs.prefixed(f"batches-active/{owner}/{batch_id}")
+
+    def create(self, batch: Batch, spec: BatchCreate, owner_cap: int) -> bool:
+        body = spec.model_dump_json().encode()
+        if not self._objects.put_once(self._key(batch.owner, batch.id, "request.json"), body):
+            return False
+        self.put_state(batch)
+        self._objects.put(self._active(batch.owner, batch.id), str(owner_cap).encode())
+        return True
+
+    def request(self, owner: str, batch_id: str) -> BatchCreate | None:
+        raw = self._objects.get(self._key(owner, batch_id, "request.json"))
+        return None if raw is None else BatchCreate.model_validate_json(raw)
+
+    def state(self, owner: str, batch_id: str) -> Batch | None:
+        raw = self._objects.get(self._key(owner, batch_id, "state.json"))
+        return None if raw is None else Batch.model_validate_json(raw)
+
+    def put_state(self, batch: Batch) -> None:
+        self._objects.put(
+            self._key(batch.owner, batch.id, "state.json"),
+            batch.model_dump_json().encode(),
+            content_type="application/json",
+        )
+
+    def owner_cap(self, owner: str, batch_id: str) -> int | None:
+        raw = self._objects.get(self._active(owner, batch_id))
+        return None if raw is None else int(raw)
+
+    def finished(self, owner: str, batch_id: str) -> None:
+        with contextlib.suppress(StorageError):
+            self._objects.delete(self._active(owner, batch_id))
+
+    def active(self) -> Iterator[tuple[str, str]]:
+        """(owner, batch id) of every batch not finished."""
+        root = self.jobs.prefixed("batches-active/")
+        for page in self._objects.pages(root):
+            for key in page:
+                owner, _, batch_id = key.removeprefix(root).rpartition("/")
+                yield owner, batch_id
+
+    def request_cancel(self, owner: str, batch_id: str) -> None:
+        self._objects.put(self._key(owner, batch_id, "cancel"), b"")
+
+    def cancel_requested(self, owner: str, batch_id: str) -> bool:
+        return self._objects.get(self._key(owner, batch_id, "cancel")) is not None
