@@ -106,6 +106,11 @@ def test_a_batch_of_three_domains_completes_and_its_export_loads(
         path.write_text("".join(json.dumps(r) + "\n" for r in rollouts))
         dataset = load_dataset("json", data_files=str(path), split="train")
         assert len(dataset) == 8 and is_conversational(dataset[0])
+        # The event stream: each rollout once, then the batch's end.
+        with httpx.stream("GET", f"{stack.base}/v1/jobs/batches/{batch.id}/events") as events:
+            lines = [line for line in events.iter_lines() if line.startswith("data: ")]
+        kinds = [json.loads(line[6:])["type"] for line in lines[:-1]]
+        assert kinds == ["batch.rollout"] * 8 + ["batch.completed"] and lines[-1] == "data: [DONE]"
         # Every job of the batch is an ordinary job of its owner.
         job = httpx.get(f"{stack.base}/v1/jobs/{first['job_id']}").json()
         assert job["metadata"]["batch_id"] == batch.id

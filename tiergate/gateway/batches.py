@@ -97,6 +97,14 @@ class BatchesAPI:
             await self._jobs.storage(self._batches.request_cancel, batch.owner, batch.id)
         return json_response(batch.public())
 
+    async def events(self, request: Request, batch_id: str) -> Response:
+        """Server-Sent Events: each rollout as it finishes, then the batch's end."""
+        batch = await self._owned(request, batch_id)
+        caller = self._jobs.caller(request)
+        return await self._jobs.streams.open_batch(
+            caller, lambda: self._batches.state(batch.owner, batch.id)
+        )
+
     async def rollouts(self, request: Request, batch_id: str) -> Response:
         """The finished rollouts as JSON lines (see tiergate.queue.batches.export)."""
         batch = await self._owned(request, batch_id)

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
-from tiergate.protocol import TERMINAL_EVENTS
+from tiergate.protocol import TERMINAL_EVENTS, TERMINAL_STATUSES, Batch
 from tiergate.queue.store import JobStore, StorageError
 
 FIRST_POLL_SECONDS = 0.5
@@ -107,6 +107,59 @@ class EventStreams:
                 self._open.pop(caller.name, None)
 
         return release
+
+    async def open_batch(
+        self, caller: Caller, read: Callable[[], Batch | None]
+    ) -> StreamingResponse:
+        """A batch's rollouts as they finish (``batch.rollout``, each once, in the order
+        they were seen finished; on connecting, every one finished so far), then
+        ``batch.<status>`` and ``[DONE]`` once nothing of it runs. ``read``: the batch as
+        stored (the caller checked it is the caller's). The same per-key cap and backoff
+        as a job's stream."""
+        release = self._take(caller)
+        try:
+            first = await self._read(read)
+        except StorageError as exc:
+            release()
+            raise self._unavailable("store", exc) from exc
+        except BaseException:
+            release()
+            raise
+        return _SlotResponse(self._batch_stream(read, first), release)
+
+    async def _batch_stream(
+        self, read: Callable[[], Batch | None], batch: Batch | None
+    ) -> AsyncIterator[bytes]:
+        sent: set[str] = set()
+        delay = FIRST_POLL_SECONDS
+        idle = 0.0
+        while batch is not None:
+            fresh = [
+                r for r in batch.rollouts if r.status in TERMINAL_STATUSES and r.job_id not in sent
+            ]
+            for rollout in fresh:
+                sent.add(rollout.job_id)
+                event = {"type": "batch.rollout", **rollout.model_dump(mode="json")}
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
+            if batch.status != "in_progress" and batch.completed_at is not None:
+                done = {"type": f"batch.{batch.status}", "batch": batch.public()}
+                yield b"data: " + orjson.dumps(done) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            if fresh:
+                idle = 0.0
+            elif idle >= KEEPALIVE_SECONDS:
+                idle = 0.0
+                yield b": keep-alive\n\n"
+            await asyncio.sleep(delay)
+            idle += delay
+            try:
+                batch = await self._read(read)
+            except StorageError as exc:
+                err = self._unavailable("store", exc)
+                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
+                return
+            delay = next_poll(delay, bool(fresh))
 
     async def open(self, caller: Caller, job_id: str, starting_after: int) -> StreamingResponse:
         """The stream of ``job_id``'s events after ``starting_after`` (the job is the

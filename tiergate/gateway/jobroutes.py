@@ -73,6 +73,13 @@ def register_job_routes(app: FastAPI) -> None:
         """Idempotent: nothing more starts, queued jobs are cancelled."""
         return await batches(request).cancel(request, batch_id)
 
+    @app.get("/v1/jobs/batches/{batch_id}/events", tags=["jobs"], responses=errors)
+    async def batch_events(request: Request, batch_id: str) -> Response:
+        """Server-Sent Events: ``batch.rollout`` as each rollout finishes (every one
+        finished so far on connecting), then ``batch.<status>`` and ``[DONE]``; counted
+        against ``jobs.max_streams_per_key`` like a job's stream."""
+        return await batches(request).events(request, batch_id)
+
     @app.get("/v1/jobs/batches/{batch_id}/rollouts", tags=["jobs"], responses=errors)
     async def batch_rollouts(request: Request, batch_id: str) -> Response:
         """The finished rollouts as JSON lines, in TRL's conversational shapes."""

@@ -96,7 +96,7 @@ class JobsAPI:
         self._gatekeeper = gatekeeper
         self._served_models = served_models
         self._uploads = Uploads(settings, store, gatekeeper, self.storage)
-        self._streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
+        self.streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
 
     async def storage(self, fn: Any, *args: Any) -> Any:
         try:
@@ -370,4 +370,4 @@ class JobsAPI:
     async def events(self, request: Request, job_id: str, starting_after: int) -> Response:
         caller = self.caller(request)
         await self._owned(request, job_id)
-        return await self._streams.open(caller, job_id, starting_after)
+        return await self.streams.open(caller, job_id, starting_after)

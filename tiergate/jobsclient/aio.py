@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import builtins
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -12,7 +13,8 @@ from httpx_sse import aconnect_sse
 
 from tiergate.jobsclient import wire
 from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
-from tiergate.jobsclient.models import Job, JobEvent, JobList
+from tiergate.jobsclient.errors import JobsTimeout
+from tiergate.jobsclient.models import Batch, Job, JobEvent, JobList
 from tiergate.protocol import JobCreate
 
 T = TypeVar("T")
@@ -84,6 +86,42 @@ class AsyncJobsClient(wire.Client[httpx.AsyncClient]):
     async def replay(self, job_id: str) -> Job:
         """Like :meth:`JobsClient.replay`."""
         return await self._call(wire.replay(job_id))
+
+    async def submit_batch(
+        self, tasks: Iterable[Mapping[str, Any]], samples_per_task: int = 4, **options: Any
+    ) -> Batch:
+        """Like :meth:`JobsClient.submit_batch`."""
+        body = {"tasks": list(tasks), "samples_per_task": samples_per_task, **options}
+        return await self._call(wire.submit_batch(body))
+
+    async def get_batch(self, batch_id: str) -> Batch:
+        return await self._call(wire.get_batch(batch_id))
+
+    async def cancel_batch(self, batch_id: str) -> Batch:
+        return await self._call(wire.cancel_batch(batch_id))
+
+    async def rollouts(self, batch_id: str) -> builtins.list[dict[str, Any]]:
+        return await self._call(wire.batch_rollouts(batch_id))
+
+    async def wait_batch(
+        self,
+        batch_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (JobsClient.wait_batch's signature)
+        on_progress: Callable[[Batch], None] | None = None,
+        poll_seconds: float = 2.0,
+    ) -> Batch:
+        """Like :meth:`JobsClient.wait_batch`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            batch = await self.get_batch(batch_id)
+            if on_progress is not None:
+                on_progress(batch)
+            if batch.finished:
+                return batch
+            if deadline is not None and loop.time() > deadline:
+                raise JobsTimeout(batch_id, timeout or 0.0, batch.status)
+            await asyncio.sleep(poll_seconds)
 
     def events(self, job_id: str, starting_after: int = 0) -> AsyncIterator[JobEvent]:
         """``async for event in client.events(job_id)``: resumes after a dropped connection."""
