@@ -116,15 +116,7 @@ class EventStreams:
         ``batch.<status>`` and ``[DONE]`` once nothing of it runs. ``read``: the batch as
         stored (the caller checked it is the caller's). The same per-key cap and backoff
         as a job's stream."""
-        release = self._take(caller)
-        try:
-            first = await self._read(read)
-        except StorageError as exc:
-            release()
-            raise self._unavailable("store", exc) from exc
-        except BaseException:
-            release()
-            raise
+        release, first = await self._first(caller, read)
         return _SlotResponse(self._batch_stream(read, first), release)
 
     async def _batch_stream(
@@ -164,18 +156,24 @@ class EventStreams:
     async def open(self, caller: Caller, job_id: str, starting_after: int) -> StreamingResponse:
         """The stream of ``job_id``'s events after ``starting_after`` (the job is the
         caller's: the caller checked)."""
+        release, first = await self._first(caller, self._store.events, job_id, starting_after)
+        return _SlotResponse(self._stream(job_id, starting_after, first), release)
+
+    async def _first(
+        self, caller: Caller, fn: Callable[..., Any], *args: Any
+    ) -> tuple[Callable[[], None], Any]:
+        """Take the key's slot and make the stream's first read before the response
+        starts, so that a store that is down is a 503 like every other route, not a 200
+        stream that breaks at once; the slot goes back if that fails."""
         release = self._take(caller)
         try:
-            # The first read happens before the response starts, so a store that is down is
-            # a 503 like every other route, not a 200 stream that breaks at once.
-            first = await self._read(self._store.events, job_id, starting_after)
+            return release, await self._read(fn, *args)
         except StorageError as exc:
             release()
             raise self._unavailable("store", exc) from exc
         except BaseException:
             release()
             raise
-        return _SlotResponse(self._stream(job_id, starting_after, first), release)
 
     async def _stream(
         self, job_id: str, after: int, found: list[dict[str, Any]]

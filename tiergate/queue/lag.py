@@ -20,6 +20,29 @@ class LagUnavailable(Exception):
     """The lag could not be measured; the message says why (for the caller's log)."""
 
 
+def _reader(
+    bootstrap_servers: str,
+    group: str,
+    timeout_ms: int,
+    client_options: dict[str, Any] | None,
+    **fetch: int,
+) -> KafkaConsumer:
+    """A consumer of ``group`` that will assign partitions itself: it never joins the
+    group (no rebalance of the workers) and commits nothing."""
+    try:
+        return KafkaConsumer(
+            **{**(client_options or {}), "bootstrap_servers": bootstrap_servers},
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+            **fetch,
+        )
+    except (KafkaError, TimeoutError) as exc:
+        raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+
+
 def measure_lag(
     bootstrap_servers: str,
     group: str,
@@ -34,21 +57,16 @@ def measure_lag(
     """
     deadline = time.monotonic() + timeout_s
     timeout_ms = max(1, int(timeout_s * 1000))
-    try:
-        consumer = KafkaConsumer(
-            **{**(client_options or {}), "bootstrap_servers": bootstrap_servers},
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            request_timeout_ms=timeout_ms,
-            bootstrap_timeout_ms=timeout_ms,
-            # At most one record batch per partition comes back (KIP-74).
-            max_partition_fetch_bytes=1,
-            fetch_max_bytes=1,
-            fetch_max_wait_ms=10,
-        )
-    except (KafkaError, TimeoutError) as exc:
-        raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    consumer = _reader(
+        bootstrap_servers,
+        group,
+        timeout_ms,
+        client_options,
+        # At most one record batch per partition comes back (KIP-74).
+        max_partition_fetch_bytes=1,
+        fetch_max_bytes=1,
+        fetch_max_wait_ms=10,
+    )
     try:
         partitions = [
             TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))
@@ -95,18 +113,7 @@ def keys_ahead(
     answer would make present messages look lost."""
     deadline = time.monotonic() + timeout_s
     timeout_ms = max(1, int(timeout_s * 1000))
-    try:
-        consumer = KafkaConsumer(
-            **{**(client_options or {}), "bootstrap_servers": bootstrap_servers},
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            request_timeout_ms=timeout_ms,
-            bootstrap_timeout_ms=timeout_ms,
-            fetch_max_wait_ms=50,
-        )
-    except (KafkaError, TimeoutError) as exc:
-        raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+    consumer = _reader(bootstrap_servers, group, timeout_ms, client_options, fetch_max_wait_ms=50)
     try:
         partitions = [
             TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
