@@ -167,7 +167,7 @@ def run_local_stack(
         _say(
             f"gateway on http://{host}:{port}; try:\n"
             f"  curl http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' "
-            f'-d \'{{"model": "{name}", "service_tier": "priority", '
+            f'-d \'{{"model": "{name}", "service_tier": "priority", "max_tokens": 32, '
             f'"messages": [{{"role": "user", "content": "Say hello"}}]}}\'\n'
             f"  curl http://{host}:{port}/v1/tiers   # what each tier runs, and the evidence"
             + (
