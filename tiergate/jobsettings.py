@@ -141,6 +141,9 @@ class WorkerSettings(_Section):
     # stopped this long (a worker killed, frozen or cut off from the store) is taken over
     # by the job's next pickup, and a run taken over writes nothing more.
     lease_seconds: float = Field(30.0, ge=1.0)
+    # A worker with a free slot whose own partitions gave it nothing this long takes over
+    # queued jobs from busy workers' partitions (tiergate.queue.steal); 0 turns it off.
+    steal_after_seconds: float = Field(2.0, ge=0)
 
 
 class JobCaps(_Section):

@@ -256,3 +256,28 @@ def test_a_fleet_that_grows_and_shrinks_through_a_broker_restart_runs_each_job_o
         gap = max(b - a for a, b in itertools.pairwise(starts))
         # The stated bound: a rebalance or a broker restart stops pickups at most 30 s.
         assert gap <= 30, f"pickups stopped for {gap}s"
+
+
+def test_a_job_in_a_busy_workers_partition_runs_on_an_idle_worker(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    model.behaviour.replies = [REPLY]
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"kafka": {"partitions": 1}}) as stack:
+        workers = [stack.start_worker(), stack.start_worker()]  # one slot each
+        # One partition: once the group settles, one worker owns it and the other none.
+        owners = eventually(
+            lambda: [w for w in workers if w.consumer.assigned] or None, 60, 0.2, "assigned"
+        )
+        busy = owners[0]
+        idle = workers[1] if busy is workers[0] else workers[0]
+        long = stack.submit(task("sleep 40 && touch done"))
+        stack.wait(long["id"], lambda j: j["status"] == "in_progress")
+        assert (long["id"], "finished") not in idle.processed
+        short = stack.submit(task("touch done"))  # behind it, in the busy one's partition
+        final = stack.wait(short["id"], lambda j: j["status"] in TERMINAL, timeout=40)
+        assert final["result"]["passed"] is True
+        assert httpx.get(f"{stack.base}/v1/jobs/{long['id']}").json()["status"] == "in_progress"
+        assert (short["id"], "finished") in idle.processed  # the idle worker ran it
+        assert busy.consumer.assigned and not idle.consumer.assigned
+        store = JobStore(stack.jobs.storage)
+        assert len(_events(store, short["id"], "job.in_progress")) == 1

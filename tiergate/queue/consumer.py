@@ -16,6 +16,10 @@ new owner starts from the last committed position and skips what already ended).
 
 A record whose run is held elsewhere, or that hit a store or broker outage, is tried again
 after a delay without holding a slot (``later``); it stays open in the book meanwhile.
+
+A worker whose own partitions gave it nothing for ``steal_after`` seconds while a slot is
+free takes over queued jobs from busy workers' partitions (``steal``,
+tiergate.queue.steal); such a record is run, never committed here, and not retried.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Work:
     offset: int = field(compare=False)
     value: bytes = field(compare=False)
     tries: int = field(default=0, compare=False)
+    stolen: bool = field(default=False, compare=False)  # from a partition of another
 
 
 # What a slot says of a record: "done" (commit it), "later" (try again after the delay
@@ -79,6 +84,9 @@ class JobConsumer:
         stopping: threading.Event,
         beat: Callable[[str], None],
         busy: Callable[[str], Any],
+        steal: Callable[[int, set[TopicPartition]], list[tuple[TopicPartition, int, bytes]]]
+        | None = None,
+        steal_after: float = 2.0,
     ) -> None:
         self._make_consumer = make_consumer
         self._slots = slots
@@ -93,6 +101,11 @@ class JobConsumer:
         self._later: list[Work] = []  # a heap by due time
         self._waiting: deque[Work] = deque()  # taken from a poll with no slot free
         self._consumer: KafkaConsumer | None = None
+        self._steal = steal
+        self._steal_after = steal_after
+        self._last_record = time.monotonic()
+        self._next_steal = 0.0
+        self.assigned: frozenset[TopicPartition] = frozenset()  # as of the last poll
         self.revocations: queue.Queue[list[TopicPartition]] = queue.Queue()
         self._running = 0
         self.commit_failures = 0
@@ -145,11 +158,15 @@ class JobConsumer:
                     self._stopping.wait(1.0)
                     continue
                 self._forget_revoked()
+                with contextlib.suppress(KafkaError, AssertionError):
+                    self.assigned = frozenset(consumer.assignment())
                 for tp, records in polled.items():
                     for record in records:
                         self._book.take(tp, record.offset)
                         self._waiting.append(Work(0.0, tp, record.offset, record.value))
+                        self._last_record = time.monotonic()
                 self._feed()
+                self._take_over(consumer)
                 self._commit(consumer)
             self._drain(consumer, drain_deadline(), abandon)
         finally:
@@ -159,6 +176,24 @@ class JobConsumer:
                 consumer.close(autocommit=False)
             except Exception as exc:  # closing a consumer of a broker that went away
                 log.warning("consumer close: %r", exc)
+
+    def _take_over(self, consumer: KafkaConsumer) -> None:
+        """Idle with a free slot: run queued jobs of busy workers' partitions."""
+        now = time.monotonic()
+        if (
+            self._steal is None
+            or not self._free
+            or self._waiting
+            or (self._later and self._later[0].due <= now)
+            or now - self._last_record < self._steal_after
+            or now < self._next_steal
+        ):
+            return
+        self._next_steal = now + self._steal_after
+        for tp, offset, value in self._steal(len(self._free), set(self.assigned)):
+            if not self._free:
+                break
+            self._give(Work(0.0, tp, offset, value, stolen=True))
 
     def _flow(self, consumer: KafkaConsumer) -> None:
         """Pause every partition while no slot is free; resume them when one is."""
@@ -191,6 +226,8 @@ class JobConsumer:
                 return
             self._free.append(index)
             self._running -= 1
+            if work.stolen:
+                continue  # its partition's owner commits it
             if what == "done":
                 self._book.finish(work.tp, work.offset)
             elif what == "later" and self._book.owns(work.tp):

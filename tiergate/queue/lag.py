@@ -146,3 +146,60 @@ def keys_ahead(
         ) from exc
     finally:
         consumer.close(autocommit=False)
+
+
+def records_ahead(
+    bootstrap_servers: str,
+    group: str,
+    topic: str,
+    per_partition: int,
+    timeout_s: float = 5.0,
+    client_options: dict[str, Any] | None = None,
+) -> list[tuple[TopicPartition, int, bytes]]:
+    """The first ``per_partition`` messages (partition, offset, value) of each partition of
+    ``topic`` at or past ``group``'s committed position, in offset order per partition:
+    what a worker with a free slot may take over from a busy one (tiergate.queue.steal).
+    What could not be read in ``timeout_s`` is left out; raises :class:`LagUnavailable`
+    when nothing can be read."""
+    deadline = time.monotonic() + timeout_s
+    timeout_ms = max(1, int(timeout_s * 1000))
+    consumer = _reader(bootstrap_servers, group, timeout_ms, client_options, fetch_max_wait_ms=50)
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
+        ]
+        if not partitions:
+            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
+        consumer.assign(partitions)
+        for tp in partitions:
+            committed = consumer.committed(tp, timeout_ms=timeout_ms)
+            if committed is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        found: dict[TopicPartition, list[tuple[TopicPartition, int, bytes]]] = {
+            tp: [] for tp in partitions
+        }
+        left = set(partitions)
+        while left and time.monotonic() < deadline:
+            polled = consumer.poll(timeout_ms=100, max_records=per_partition * len(partitions))
+            for tp, records in polled.items():
+                for record in records:
+                    if len(found[tp]) < per_partition:
+                        found[tp].append((tp, record.offset, record.value))
+                if len(found[tp]) >= per_partition:
+                    consumer.pause(tp)
+                    left.discard(tp)
+            for tp in list(left):
+                high = consumer.highwater(tp)
+                if high is not None and consumer.position(tp) >= high:
+                    left.discard(tp)
+        return [entry for tp in partitions for entry in found[tp]]
+    except LagUnavailable:
+        raise
+    except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
+        raise LagUnavailable(
+            f"records of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        consumer.close(autocommit=False)

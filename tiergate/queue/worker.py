@@ -54,6 +54,7 @@ from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.runner import JobRunner
+from tiergate.queue.steal import Stealer
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.queue.sweep import Sweeper
 from tiergate.sandbox import probe_limits
@@ -113,6 +114,10 @@ class Worker:
             self._stopping,
             self.liveness.beat,
             self._busy,
+            Stealer(settings, self._store).candidates
+            if settings.worker.steal_after_seconds > 0
+            else None,
+            settings.worker.steal_after_seconds,
         )
         self._drain_until = 0.0
 
@@ -303,6 +308,8 @@ class Worker:
             self.metrics.retried()
         if outcome == "abandoned":
             return ("open", 0.0)  # not committed: another worker runs it
+        if outcome in ("held", "fenced") and work.stolen:
+            return ("done", 0.0)  # taken over from another's partition: its owner goes on
         if outcome in ("held", "fenced"):
             # Another run holds the job: look again later (it ends, or its lease expires).
             return ("later", min(10.0, max(0.5, self._settings.worker.lease_seconds / 3)))
