@@ -28,6 +28,7 @@ class JobTimeline:
     run: int | None = None  # the run the terminal record names
     leases: dict[int, float] = field(default_factory=dict)  # epoch -> time it was taken
     first_command_started: float | None = None  # the counting run's, from its trajectory
+    last_entry_at: float | None = None  # the counting run's trajectory's last entry (ts)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("type") == kind]
@@ -162,6 +163,22 @@ def tally(jobs: list[JobTimeline]) -> dict[str, Any]:
         "run_twice": len(twice),
         "rerun_after_worker_left": len(rerun),
         "evidence": {"lost": lost, "failed": failed, "run_twice": twice, "rerun": rerun},
+    }
+
+
+def suspect_events(jobs: list[JobTimeline], evidence: dict[str, Any]) -> dict[str, Any]:
+    """The events and leases of the jobs :func:`tally` found lost or run twice."""
+    suspects = set(evidence["run_twice"]) | set(evidence["lost"])
+    return {
+        j.id: {
+            "events": [
+                {k: e.get(k) for k in ("type", "created_at", "run", "attempt", "step")}
+                for e in j.events
+            ],
+            "leases": j.leases,
+        }
+        for j in jobs
+        if j.id in suspects
     }
 
 

@@ -98,18 +98,59 @@ def bench_jobs(
         float, typer.Option(help="How long to wait for every job's terminal record")
     ] = 600.0,
     job_seconds: Annotated[
-        float, typer.Option(min=0.0, help="How long each job's command runs (sleep)")
+        float,
+        typer.Option(
+            min=0.0, help="How long each job's command runs (sleep; --batch: the slow domain's 10x)"
+        ),
     ] = 1.0,
     short: Annotated[
-        bool, typer.Option("--short", help="CI-sized: 20 jobs, 2 workers at most, churn 10 s")
+        bool,
+        typer.Option(
+            "--short",
+            help="CI-sized: 20 jobs, 2 workers at most, churn 10 s (--batch: 3 domains of 2 "
+            "tasks, 2 samples each)",
+        ),
     ] = False,
     assignment: Annotated[
         str, typer.Option(help="The workers' jobs.kafka.assignment (cooperative-sticky, range)")
     ] = "cooperative-sticky",
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch", help="One rollout batch instead of single jobs: writes jobs-batch-bench.*"
+        ),
+    ] = False,
+    domains: Annotated[
+        int, typer.Option(min=2, help="--batch: domains (the last one's tasks are 10x slower)")
+    ] = 3,
+    tasks_per_domain: Annotated[int, typer.Option(min=1, help="--batch: tasks per domain")] = 8,
+    samples: Annotated[int, typer.Option(min=1, max=64, help="--batch: samples of each task")] = 4,
 ) -> None:
     """Jobs through the gateway, Kafka and a churning worker fleet (and a broker restart):
     throughput, queue waits, pickup gaps, lost/failed/run-twice; writes jobs-bench.md/.json.
-    Exits 1 if any job was lost, failed or run twice."""
+    With --batch, one rollout batch across domains instead: rollouts per minute per slot,
+    time to the last rollout, each domain's share of the slots; writes
+    jobs-batch-bench.md/.json. Exits 1 if any job was lost, failed or run twice."""
+    if batch:
+        from tiergate.bench.jobs_batch import SHORT_BATCH, BatchBenchParams, run_batch_benchmark
+
+        plan = BatchBenchParams(
+            domains=domains,
+            tasks_per_domain=tasks_per_domain,
+            samples=samples,
+            task_seconds=job_seconds,
+            max_workers=max_workers,
+            churn_seconds=churn_seconds,
+            deadline_seconds=deadline_seconds,
+        )
+        if short:
+            plan = SHORT_BATCH
+        plan = dataclasses.replace(plan, broker_restart=broker_restart, assignment=assignment)
+        _, clean = run_batch_benchmark(out, plan)
+        if not clean:
+            raise typer.Exit(1)
+        return
+
     from tiergate.bench.jobs import SHORT, JobsBenchParams, run_jobs_benchmark
 
     params = (

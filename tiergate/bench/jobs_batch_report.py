@@ -1,0 +1,96 @@
+"""The batch mode's report in Markdown (``reports/jobs-batch-bench.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _n(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def render(r: dict[str, Any]) -> str:
+    p = r["parameters"]
+    restart = r["broker_restart"]
+    contention = r["contention"]
+    domains = ", ".join(
+        f"`{d}` ({e['tasks']} tasks of `{e['command']}`, weight {e['weight']:g})"
+        for d, e in p["domains"].items()
+    )
+    rows = [
+        "# Jobs: a rollout batch while the fleet churns",
+        "",
+        f"Command: `{r['command']}`  ",
+        f"CPU: {r['cpu']} ({r['cores']} cores; SeaweedFS, Tansu, the gateway, the stub model "
+        "and every worker share them)",
+        "",
+        f"One batch through `POST /v1/jobs/batches`: {domains}; {p['samples_per_task']} "
+        f"samples of each task, `max_in_flight` {p['max_in_flight']} (the slots of "
+        f"{p['max_workers']} workers), scheduled every {p['batch_poll_seconds']:g} s. 1 to "
+        f"{p['max_workers']} `tiergate worker` processes of {p['concurrency_per_worker']} "
+        f"slots, one added or removed (SIGTERM, drain {p['drain_seconds']:g} s) every "
+        f"{p['churn_seconds']:g} s; "
+        + (
+            f"broker restarted at {restart['at_s']} s (back in {restart['took_s']} s, "
+            f"{restart['ended_before']} rollouts ended before)."
+            if restart
+            else "no broker restart."
+        ),
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| rollouts ended / planned | {r['ended']} / {r['rollouts']} (batch "
+        f"{r['batch']['status']}) |",
+        f"| time to the last rollout (submission to its end) | "
+        f"{_n(r['time_to_last_rollout_s'], 1)} s |",
+        f"| slots, averaged to the last rollout | {r['slots_average']} |",
+        f"| throughput | {_n(r['rollouts_per_minute'])} rollouts/min, "
+        f"{_n(r['rollouts_per_minute_per_slot'])} rollouts/min per slot |",
+        f"| lost (no terminal record by the deadline) | {r['lost']} |",
+        f"| failed (not completed with the verifier passed) | {r['failed']} |",
+        f"| run twice | {r['run_twice']} |",
+        f"| re-run after a worker left (more than one run; expected with drains) | "
+        f"{r['rerun_after_worker_left']} |",
+        f"| workers started / unhealthy when removed / killed after the drain | "
+        f"{r['workers_started']} / {len(r['workers_unhealthy_at_removal'])} / "
+        f"{len(r['workers_killed_after_drain'])} |",
+        "",
+        f"While every domain had samples left to start (the submission to "
+        f"{contention['until_s']} s), rollouts held {contention['held_slot_seconds']} of "
+        f"the fleet's {contention['fleet_slot_seconds']} slot-seconds (at most "
+        f"{contention['peak_running']} running at once), and the domains had them as "
+        "follows (a rollout holds a slot from its run's lease to its end):",
+        "",
+        "| domain | rollouts by status | run p50 / max | slot-seconds | share | weight's "
+        "share | most running at once |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for domain, entry in contention["domains"].items():
+        figures = r["domains"].get(domain, {"counts": {}, "run_s": {}})
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(figures["counts"].items()))
+        run = figures["run_s"]
+        rows.append(
+            f"| `{domain}` | {counts} | {_n(run.get('p50'))} / {_n(run.get('max'))} s | "
+            f"{entry['slot_seconds']} | {_pct(entry['share'])} | "
+            f"{_pct(entry['weight_share'])} | {entry['peak_running']} |"
+        )
+    changes = ", ".join(f"{c['at_s']} s: {c['workers']}" for c in r["fleet_changes"])
+    gap = r["longest_start_gap"]
+    runs = ", ".join(f"{s['at_s']} s: {s['holder']}" for s in r["scheduler_runs"])
+    rows += [
+        "",
+        f"Fleet changes (seconds after the submission: workers serving): {changes or 'none'}.",
+        f"The batch's scheduler lease was taken at (seconds: holder): {runs or 'never'}. "
+        f"Longest stretch without a sample started: {gap['seconds']} s"
+        + (f" ({gap['from']} s to {gap['to']} s)." if gap["from"] is not None else "."),
+        "",
+    ]
+    evidence = {k: v for k, v in r["evidence"].items() if v}
+    if evidence:
+        rows += ["Evidence (job ids):", "", "```", *(f"{k}: {v}" for k, v in evidence.items())]
+        rows += ["```", ""]
+    return "\n".join(rows)
