@@ -364,6 +364,7 @@ class Worker:
                 driver.run_once()
             except (StorageError, QueueUnavailable, Fenced) as exc:
                 log.warning("batch scheduling pass skipped: %s", exc)
+        driver.release()
 
     def _sweep(self) -> None:
         """Queue lag for the metrics every 15 s; the lost-message sweep every minute."""

@@ -161,6 +161,14 @@ class BatchDriver:
             log.info("batch %s %s", batch_id, batch.status)
         return min(len(plan.start), max(0, room))
 
+    def release(self) -> None:
+        """Hand back every batch this worker schedules (it is stopping): another worker
+        takes them at its next pass instead of waiting out the leases."""
+        for lease in self._held.values():
+            lease.release()
+            self._leases.done(lease)
+        self._held.clear()
+
     def _room(self, owner: str, batch_id: str) -> int:
         cap = self._batches.owner_cap(owner, batch_id) or self._default_cap
         return cap - self._store.outstanding(owner, cap)

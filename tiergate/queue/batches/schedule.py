@@ -8,7 +8,7 @@
   next round, up to ``rounds``.
 - **Domains share the running jobs by weight.** At most ``max_in_flight`` of the batch's
   jobs wait or run at once; a domain with samples left may hold at most its weight's share
-  of them (``max(1, floor(max_in_flight * w / sum of the active domains' w))``), and the
+  of them (``ceil(max_in_flight * w / sum of the active domains' w)``), and the
   next sample goes to the domain with the fewest in flight for its weight. A domain of
   slow tasks therefore holds its share of the slots, never the others'. (The share is of
   the batch's jobs in flight: it is the share of the slots while ``max_in_flight`` is at
@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -164,7 +165,9 @@ def _fill(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Sample]
         queues[spec.tasks[sample.task].domain].append(sample)
     weight = {d: spec.domain_weights.get(d, 1.0) for d in queues}
     total = sum(weight.values())
-    cap = {d: max(1, int(spec.max_in_flight * weight[d] / total)) for d in queues}
+    # Rounded up, so that the caps leave no room of the window unused (the window itself
+    # bounds the sum); the next sample goes to the fewest in flight for its weight.
+    cap = {d: max(1, math.ceil(spec.max_in_flight * weight[d] / total)) for d in queues}
     start: list[Sample] = []
     while room > 0:
         open_ = [d for d in queues if queues[d] and in_flight[d] < cap[d]]
