@@ -263,7 +263,8 @@ def test_a_job_in_a_busy_workers_partition_runs_on_an_idle_worker(
 ) -> None:
     model.behaviour.replies = [REPLY]
     with jobs_stack(broker, s3, model, tmp_path, jobs={"kafka": {"partitions": 1}}) as stack:
-        workers = [stack.start_worker(), stack.start_worker()]  # one slot each
+        # One slot each, stealing on (jobs.worker.steal_after_seconds; off by default).
+        workers = [stack.start_worker(steal_after_seconds=2.0) for _ in range(2)]
         # One partition: once the group settles, one worker owns it and the other none.
         owners = eventually(
             lambda: [w for w in workers if w.consumer.assigned] or None, 60, 0.2, "assigned"
