@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import InconsistentGroupProtocolError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from tiergate.queue.offsets import OffsetBook
@@ -87,8 +87,10 @@ class JobConsumer:
         steal: Callable[[int, set[TopicPartition]], list[tuple[TopicPartition, int, bytes]]]
         | None = None,
         steal_after: float = 2.0,
+        refused: Callable[[], object] = lambda: None,
     ) -> None:
         self._make_consumer = make_consumer
+        self._refused = refused  # the group refused our assignor (tiergate.queue.membership)
         self._slots = slots
         self._handle = handle
         self._stopping = stopping
@@ -153,6 +155,9 @@ class JobConsumer:
                 self._flow(consumer)
                 try:
                     polled = consumer.poll(timeout_ms=200, max_records=max(1, len(self._free)))
+                except InconsistentGroupProtocolError:
+                    consumer = self._rejoin(consumer)
+                    continue
                 except KafkaError as exc:
                     log.warning("poll failed: %r", exc)
                     self._stopping.wait(1.0)
@@ -176,6 +181,19 @@ class JobConsumer:
                 consumer.close(autocommit=False)
             except Exception as exc:  # closing a consumer of a broker that went away
                 log.warning("consumer close: %r", exc)
+
+    def _rejoin(self, consumer: KafkaConsumer) -> KafkaConsumer:
+        """The group runs another assignor: join again offering the next one. What this
+        member held is forgotten (running jobs go on; their records' owner waits on the
+        lease)."""
+        self.revocations.put(list(self.assigned))
+        self._forget_revoked()
+        self.assigned = frozenset()
+        with contextlib.suppress(Exception):
+            consumer.close(autocommit=False)
+        self._refused()
+        self._consumer = self._make_consumer(_Revocations(self))
+        return self._consumer
 
     def _take_over(self, consumer: KafkaConsumer) -> None:
         """Idle with a free slot: run queued jobs of busy workers' partitions."""

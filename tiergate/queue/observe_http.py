@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -24,11 +25,16 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], metrics: WorkerMetrics, liveness: Liveness
+        self,
+        address: tuple[str, int],
+        metrics: WorkerMetrics,
+        liveness: Liveness,
+        facts: Callable[[], dict[str, Any]],
     ) -> None:
         super().__init__(address, _Handler)
         self.metrics = metrics
         self.liveness = liveness
+        self.facts = facts
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             ok, threads = self.server.liveness.healthy()
             body: dict[str, Any] = {"status": "ok" if ok else "unhealthy", "threads": threads}
+            body.update(self.server.facts())
             if not ok:
                 body["failing"] = sorted(n for n, t in threads.items() if not t["ok"])
             self._reply(200 if ok else 503, json.dumps(body).encode(), "application/json")
@@ -66,10 +73,16 @@ class WorkerHTTP:
     :attr:`port` says which) from :meth:`start` until :meth:`stop`."""
 
     def __init__(
-        self, metrics: WorkerMetrics, liveness: Liveness, host: str = "0.0.0.0", port: int = 9400
+        self,
+        metrics: WorkerMetrics,
+        liveness: Liveness,
+        host: str = "0.0.0.0",
+        port: int = 9400,
+        facts: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self._metrics = metrics
         self._liveness = liveness
+        self._facts = facts  # more of /healthz's body (the groups' assignors)
         self._address = (host, port)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -84,7 +97,7 @@ class WorkerHTTP:
         """Bind (an ``OSError`` says why not) and serve in a daemon thread."""
         if self._server is not None:
             return self
-        self._server = _Server(self._address, self._metrics, self._liveness)
+        self._server = _Server(self._address, self._metrics, self._liveness, self._facts)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.2},

@@ -35,10 +35,7 @@ from collections.abc import Callable
 
 import httpx
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from kafka.errors import KafkaError
+from kafka.errors import InconsistentGroupProtocolError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
@@ -50,6 +47,7 @@ from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.consumer import JobConsumer, Verdict, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.lease import Fenced
+from tiergate.queue.membership import Membership
 from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
@@ -62,11 +60,6 @@ from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
-ASSIGNORS = {
-    "cooperative-sticky": CooperativeStickyAssignor,
-    "range": RangePartitionAssignor,
-    "roundrobin": RoundRobinPartitionAssignor,
-}
 # Heartbeats this often: a member learns of a rebalance from a heartbeat's answer, so the
 # sooner it rejoins, the shorter the pause in pickups (capped at a third of the session).
 HEARTBEAT_MS = 500
@@ -100,6 +93,7 @@ class Worker:
                 self.liveness,
                 settings.worker.metrics_host,
                 settings.worker.metrics_port,
+                lambda: {"groups": {g: m.state() for g, m in self.memberships.items()}},
             )
             if serve_http
             else None
@@ -107,6 +101,11 @@ class Worker:
         self.limits = ""
         self.processed: list[tuple[str, str]] = []  # (job id, outcome), for tests and logs
         self.leases = self._store.leases(settings.worker.lease_seconds)
+        kafka = settings.kafka
+        self.memberships = {
+            group: Membership(group, kafka.assignment)
+            for group in (kafka.group, f"{kafka.group}-retry")
+        }
         self.consumer = JobConsumer(
             self._jobs_consumer,
             settings.worker.concurrency,
@@ -118,6 +117,7 @@ class Worker:
             if settings.worker.steal_after_seconds > 0
             else None,
             settings.worker.steal_after_seconds,
+            self.memberships[kafka.group].refused,
         )
         self._drain_until = 0.0
 
@@ -139,7 +139,7 @@ class Worker:
             heartbeat_interval_ms=min(HEARTBEAT_MS, kafka.session_timeout_ms // 3),
             max_poll_interval_ms=max_poll_interval_ms,
             fetch_max_wait_ms=100,
-            partition_assignment_strategy=[ASSIGNORS[kafka.assignment]],
+            partition_assignment_strategy=self.memberships[group].strategy(),
         )
         consumer.subscribe([topic], listener=listener)
         return consumer
@@ -320,11 +320,23 @@ class Worker:
         """Move retry-topic messages back to the jobs topic when they are due."""
         kafka = self._settings.kafka
         name = threading.current_thread().name
-        consumer = self._consumer(kafka.retry_topic, f"{kafka.group}-retry")
+        group = f"{kafka.group}-retry"
+        consumer = self._consumer(kafka.retry_topic, group)
         try:
             while not self._stopping.is_set():
                 self.liveness.beat(name)
-                for tp, records in consumer.poll(timeout_ms=500, max_records=1).items():
+                try:
+                    polled = consumer.poll(timeout_ms=500, max_records=1)
+                except InconsistentGroupProtocolError:
+                    consumer.close(autocommit=False)
+                    self.memberships[group].refused()
+                    consumer = self._consumer(kafka.retry_topic, group)
+                    continue
+                except KafkaError as exc:  # the broker away or the group rebalancing
+                    log.warning("retry forwarder: poll failed: %r", exc)
+                    self._stopping.wait(1.0)
+                    continue
+                for tp, records in polled.items():
                     for record in records:
                         try:
                             message = JobMessage.model_validate_json(record.value)
