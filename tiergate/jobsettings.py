@@ -142,10 +142,10 @@ class WorkerSettings(_Section):
     # by the job's next pickup, and a run taken over writes nothing more.
     lease_seconds: float = Field(30.0, ge=1.0)
     # A worker with a free slot whose own partitions gave it nothing this long takes over
-    # queued jobs from busy workers' partitions (tiergate.queue.steal); 0 (the default)
-    # turns it off: before its group assignment is known a worker can take a job its own
-    # partition also delivers, which runs a retried job's stale message again.
-    steal_after_seconds: float = Field(0.0, ge=0)
+    # queued jobs from busy workers' partitions (tiergate.queue.steal); 0 turns it off.
+    # Only once its group assignment is known; a copy of a message whose attempt already
+    # failed is skipped (the job's retry is the next attempt's message).
+    steal_after_seconds: float = Field(2.0, ge=0)
 
 
 class JobCaps(_Section):

@@ -228,6 +228,45 @@ def test_redelivered_job_runs_once_and_result_is_written_once(
         assert final is not None and not store.finalize(final)  # the conditional put holds
 
 
+def _serves(base: str) -> bool:
+    """The gateway took the model back (it set it aside after the 503s)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=10).status_code == 200
+
+
+def test_a_copy_of_a_failed_attempts_message_is_skipped_while_its_retry_waits(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """A worker that took a job over from a busy one's partition, or a redelivery after a
+    rebalance, can hand a slot the message of an attempt that already failed: it must not
+    run the job again nor count towards max_attempts; the retry's message (attempt 2) runs."""
+    model.behaviour.mode = "status"
+    model.behaviour.status = 503
+    with jobs_stack(
+        broker, s3, model, tmp_path, worker={"max_attempts": 2, "retry_backoff_seconds": 60}
+    ) as stack:
+        job = stack.submit(TASK)
+        store = JobStore(stack.jobs.storage)
+        runner = JobRunner(stack.jobs, store, JobQueue(stack.jobs.kafka))
+        first = JobMessage(id=job["id"], owner="anonymous", spec=JobCreate.model_validate(TASK))
+        assert runner.process(first) == "retry"
+        waiting = store.get(job["id"])
+        assert waiting is not None and waiting.error is not None
+        assert (waiting.error["code"], waiting.error["attempt"]) == ("retrying", 1)
+        requests = model.record.requests
+        assert runner.process(first) == "skipped"  # the copy
+        assert model.record.requests == requests
+        assert store.deliveries(job["id"]) == 1
+        model.behaviour.mode = "ok"
+        eventually(lambda: _serves(stack.base), 30, 0.2, "the gateway serves the model again")
+        model.behaviour.replies = [SOLVE, "DONE"]
+        retry = first.model_copy(update={"attempt": 2})
+        assert runner.process(retry) == "finished"
+        final = store.final(job["id"])
+        assert final is not None and final.status.value == "completed", final
+        assert final.attempts == 2
+
+
 def test_model_down_retries_with_backoff_then_dead_letters(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:

@@ -263,7 +263,7 @@ def test_a_job_in_a_busy_workers_partition_runs_on_an_idle_worker(
 ) -> None:
     model.behaviour.replies = [REPLY]
     with jobs_stack(broker, s3, model, tmp_path, jobs={"kafka": {"partitions": 1}}) as stack:
-        # One slot each, stealing on (jobs.worker.steal_after_seconds; off by default).
+        # One slot each, stealing after 2 s (jobs.worker.steal_after_seconds).
         workers = [stack.start_worker(steal_after_seconds=2.0) for _ in range(2)]
         # One partition: once the group settles, one worker owns it and the other none.
         owners = eventually(

@@ -67,9 +67,11 @@ class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
         self._owner = owner
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self._owner.joined = False  # a rebalance: what this member owns is not known
         self._owner.revocations.put(list(revoked))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._owner.joined = True
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
 
 
@@ -108,6 +110,10 @@ class JobConsumer:
         self._last_record = time.monotonic()
         self._next_steal = 0.0
         self.assigned: frozenset[TopicPartition] = frozenset()  # as of the last poll
+        # A generation joined and its assignment known: before that, ``assigned`` is empty
+        # and a partition stolen from could be this member's own (its record then comes
+        # again from the poll), so there is no stealing.
+        self.joined = False
         self.revocations: queue.Queue[list[TopicPartition]] = queue.Queue()
         self._running = 0
         self.commit_failures = 0
@@ -188,7 +194,7 @@ class JobConsumer:
         lease)."""
         self.revocations.put(list(self.assigned))
         self._forget_revoked()
-        self.assigned = frozenset()
+        self.assigned, self.joined = frozenset(), False
         with contextlib.suppress(Exception):
             consumer.close(autocommit=False)
         self._refused()
@@ -200,6 +206,7 @@ class JobConsumer:
         now = time.monotonic()
         if (
             self._steal is None
+            or not self.joined
             or not self._free
             or self._waiting
             or (self._later and self._later[0].due <= now)

@@ -202,7 +202,10 @@ class JobLifecycle:
         self.settle(job.id, quiet=True)
         self._guard(job.id)
         job.status = JobStatus.QUEUED
-        job.error = {"code": "retrying", "message": error}
+        # "attempt": the one that failed. A copy of its message delivered again (a worker
+        # that took the job over from a busy one's partition, a redelivery after a
+        # rebalance) is stale and skipped; the retry is the message of attempt + 1.
+        job.error = {"code": "retrying", "message": error, "attempt": attempt}
         self._store.put_status(job)
         self._emit(job.id, "job.retrying", attempt=attempt, delay_seconds=delay, error=error)
 

@@ -85,6 +85,13 @@ class JobRunner(ReplayRunning):
             return "skipped"
         if message.resent and current is not None and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
+        if current is not None and _stale(message, current):
+            log.info(
+                "job %s: attempt %d failed already and is retried; its copy skipped",
+                message.id,
+                message.attempt,
+            )
+            return "skipped"
         taken = self._leases.take(message.id, self._holder)
         if isinstance(taken, Held):
             log.info("job %s: run %d is held by a live lease elsewhere", message.id, taken.epoch)
@@ -344,3 +351,13 @@ class JobRunner(ReplayRunning):
         )
         self._dead_letter(message)
         return "dead"
+
+
+def _stale(message: JobMessage, current: Job) -> bool:
+    """A message of an attempt that already failed, while the job waits for its retry."""
+    error = current.error or {}
+    return (
+        current.status is JobStatus.QUEUED
+        and error.get("code") == "retrying"
+        and message.attempt <= int(error.get("attempt", 0))
+    )
