@@ -200,6 +200,15 @@ class JobsSettings(_Section):
     requeue_after_seconds: float = Field(600.0, gt=0)
     # How often a worker schedules the rollout batches whose lease it holds.
     batch_poll_seconds: float = Field(2.0, gt=0)
+    # Batches one key may have unfinished at once (each is read, scheduled and rewritten
+    # by a worker every batch_poll_seconds; 429 too_many_batches past it), and the most
+    # rollouts one batch may plan (tasks x samples, with the later rounds' extras, or its
+    # budget.max_jobs if lower): its state, one object, holds every rollout.
+    max_active_batches: int = Field(8, ge=1)
+    # The largest tasks file (POST /v1/jobs/batches/tasks): a batch that names one is read
+    # whole by the gateway that takes it.
+    max_batch_tasks_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_batch_rollouts: int = Field(20_000, ge=1)
     gateway_url: str = "http://127.0.0.1:8000"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

@@ -7,7 +7,9 @@ others finish; cancel and the budget hold."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,13 @@ import httpx
 from prometheus_client import generate_latest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tests.readme_blocks import run_readme_block
 from tests.waiting import eventually
 from tiergate.jobsclient import JobsClient
+from tiergate.queue.batches.store import BatchStore
+from tiergate.queue.store import JobStore
 from tiergate.settings import DEFAULT_MODEL_NAME
 
 REPLY = "```bash\nsh task.sh\n```"
@@ -247,3 +252,139 @@ def test_the_readme_batch_example_runs_verbatim(broker: str, s3: str, tmp_path: 
         "shell": 1.0,
         "docs": 1.0,
     }
+
+
+def _post_batch(stack: JobsStack, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{stack.base}/v1/jobs/batches", json=body, headers=headers, timeout=30)
+
+
+def _active_batches(stack: JobsStack) -> list[tuple[str, str]]:
+    return list(BatchStore(JobStore(stack.jobs.storage)).active())
+
+
+def test_a_key_cannot_flood_the_schedulers_with_batches_nor_hold_back_another_key(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Every unfinished batch is read and scheduled by a worker each pass: one key's
+    batches are capped (jobs.max_active_batches), an oversized batch is refused whole
+    (jobs.max_batch_rollouts), and neither refusal records anything or touches the other
+    key, whose batch is taken."""
+    keys = tenants("mallory", "alice")
+    mallory, alice = keys.headers("mallory"), keys.headers("alice")
+    one = {"tasks": [task("d", "t", "touch ok")], "samples_per_task": 1}
+    with jobs_stack(
+        broker,
+        s3,
+        model,
+        tmp_path,
+        auth=keys.auth,
+        jobs={"max_active_batches": 2, "max_batch_rollouts": 50},
+        worker={"api_key": keys.worker},
+    ) as stack:  # no worker: the batches stay unfinished
+        for _ in range(2):
+            assert _post_batch(stack, one, mallory).status_code == 200
+        refused = _post_batch(stack, one, mallory)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "too_many_batches"
+        assert refused.headers["retry-after"]
+
+        big = {"tasks": [task("d", f"t{i}", "touch ok") for i in range(13)], "samples_per_task": 4}
+        too_big = _post_batch(stack, big, alice)  # 52 rollouts planned
+        assert too_big.status_code == 400, too_big.text
+        assert too_big.json()["error"]["code"] == "batch_too_large"
+        assert too_big.json()["error"]["param"] == "budget.max_jobs"
+        budgeted = _post_batch(stack, {**big, "budget": {"max_jobs": 50}}, alice)
+        assert budgeted.status_code == 200, budgeted.text
+
+        owners = sorted(owner for owner, _ in _active_batches(stack))
+        assert owners == ["alice", "mallory", "mallory"]
+
+
+def test_a_batch_naming_an_upload_the_key_does_not_hold_is_refused_and_records_nothing(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    keys = tenants("mallory", "alice")
+    mallory, alice = keys.headers("mallory"), keys.headers("alice")
+    with jobs_stack(
+        broker, s3, model, tmp_path, auth=keys.auth, worker={"api_key": keys.worker}
+    ) as stack:
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            data = b"secret of alice\n"
+            info = tarfile.TarInfo("notes.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        upload = httpx.post(
+            f"{stack.base}/v1/jobs/workspaces", content=archive.getvalue(), headers=alice
+        )
+        assert upload.status_code == 200, upload.text
+        named = task("d", "steal", "cat notes.txt", workspace={"upload_id": upload.json()["id"]})
+        theirs = _post_batch(stack, {"tasks": [named], "samples_per_task": 1}, mallory)
+        assert theirs.status_code == 400, theirs.text
+        error = theirs.json()["error"]
+        assert (error["code"], error["param"]) == (
+            "upload_not_found",
+            "tasks.0.workspace.upload_id",
+        )
+        assert _active_batches(stack) == []
+        ours = _post_batch(stack, {"tasks": [named], "samples_per_task": 1}, alice)
+        assert ours.status_code == 200, ours.text
+
+
+def test_a_batch_from_an_uploaded_tasks_file_runs_and_a_bad_file_is_refused_by_line(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    keys = tenants("alice", "mallory")
+    alice, mallory = keys.headers("alice"), keys.headers("mallory")
+    lines = [json.dumps(task("d", f"t{i}", "touch ok")) for i in range(3)]
+    good = ("# three tasks\n" + "\n".join(lines) + "\n\n").encode()
+    bad = ("\n".join(lines[:2]) + '\n{"domain": "d", "task_id": "x"}\n').encode()
+    model.behaviour.replies = [REPLY]
+    with jobs_stack(
+        broker,
+        s3,
+        model,
+        tmp_path,
+        auth=keys.auth,
+        jobs={"batch_poll_seconds": 0.3},
+        worker={"api_key": keys.worker, "concurrency": 2},
+    ) as stack:
+        url = f"{stack.base}/v1/jobs/batches/tasks"
+        store = JobStore(stack.jobs.storage)
+        refused = httpx.post(url, content=bad, headers=alice)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["message"].startswith("tasks file line 3: ")
+        assert store.uploads("alice") == []  # a refused file stores nothing
+
+        uploaded = httpx.post(url, content=good, headers=alice)
+        assert uploaded.status_code == 200, uploaded.text
+        answer = uploaded.json()
+        assert (answer["object"], answer["tasks"]) == ("jobs.batch_tasks", 3)
+
+        body = {"tasks_upload_id": answer["id"], "samples_per_task": 1}
+        theirs = _post_batch(stack, body, mallory)
+        assert theirs.status_code == 400, theirs.text
+        assert theirs.json()["error"]["code"] == "upload_not_found"
+        both = _post_batch(stack, {**body, "tasks": [task("d", "t9", "touch ok")]}, alice)
+        assert both.status_code == 400, both.text
+
+        stack.start_worker()
+        created = _post_batch(stack, body, alice)
+        assert created.status_code == 200, created.text
+        final = eventually(
+            lambda: (
+                b
+                if (
+                    b := httpx.get(
+                        f"{stack.base}/v1/jobs/batches/{created.json()['id']}", headers=alice
+                    ).json()
+                )["completed_at"]
+                else None
+            ),
+            180,
+            0.5,
+            "the uploaded batch finished",
+        )
+        assert final["status"] == "completed"
+        assert sorted(r["task_id"] for r in final["rollouts"]) == ["t0", "t1", "t2"]
+        assert final["counts"] == {"completed": 3}

@@ -175,7 +175,9 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.gateway.max_body_bytes,
                 stream_pool,
             )
-            state.batches = BatchesAPI(state.jobs, store, settings.gateway.max_body_bytes)
+            state.batches = BatchesAPI(
+                state.jobs, store, settings.gateway.max_body_bytes, settings.jobs
+            )
         for pool in pools.values():
             await pool.start()
         if isinstance(app, GatewayApp):

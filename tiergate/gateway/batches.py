@@ -6,30 +6,39 @@ message size) and records the batch; the workers schedule its jobs
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import orjson
 from fastapi import Request
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
+from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI, _invalid, json_response
 from tiergate.gateway.selection import parse_body, read_body
-from tiergate.protocol.batches import Batch, BatchCreate
+from tiergate.gateway.taskfile import read_tasks
+from tiergate.gateway.uploads import BATCH_TASKS
+from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
 from tiergate.queue.batches.export import rollout_record
 from tiergate.queue.batches.store import BatchStore
 from tiergate.queue.store import JobStore
+from tiergate.settings import JobsSettings
 
 # A task's own metadata leaves room for the four keys a batch's job gets (batch_id, ...).
 MAX_TASK_METADATA = 12
 
 
 class BatchesAPI:
-    def __init__(self, jobs: JobsAPI, store: JobStore, max_body_bytes: int) -> None:
+    def __init__(
+        self, jobs: JobsAPI, store: JobStore, max_body_bytes: int, settings: JobsSettings
+    ) -> None:
         self._jobs = jobs
+        self._settings = settings
         self._store = store
         self._batches = BatchStore(store)
         self._max_body_bytes = max_body_bytes
@@ -39,6 +48,14 @@ class BatchesAPI:
         body = parse_body(await read_body(request, self._max_body_bytes))
         try:
             spec = BatchCreate.model_validate(body)
+            if spec.tasks_upload_id:
+                tasks = await self._uploaded_tasks(caller, spec.tasks_upload_id)
+                spec = BatchCreate.model_validate(
+                    {
+                        **spec.model_dump(exclude={"tasks", "tasks_upload_id"}),
+                        "tasks": [task.model_dump() for task in tasks],
+                    }
+                )
         except ValidationError as exc:
             raise _invalid(exc) from None
         for index, task in enumerate(spec.tasks):
@@ -62,7 +79,28 @@ class BatchesAPI:
                 f"domain_weights names domains with no task: {sorted(unknown)}.",
                 param="domain_weights",
             )
+        most, cap = spec.most_rollouts(), self._settings.max_batch_rollouts
+        if most > cap:
+            raise OpenAIError(
+                400,
+                f"The batch plans up to {most} rollouts (tasks x samples over its rounds), "
+                f"over this installation's limit (jobs.max_batch_rollouts: {cap}); set "
+                "budget.max_jobs, or split it into several batches.",
+                param="budget.max_jobs",
+                code="batch_too_large",
+            )
+        await self._check_uploads(caller, spec)
         headers = await self._jobs.count(caller)
+        limit = self._settings.max_active_batches
+        if await self._jobs.storage(self._batches.active_of, caller.name, limit) >= limit:
+            raise OpenAIError(
+                429,
+                f"This key has {limit} unfinished batches, its limit "
+                "(jobs.max_active_batches); wait for one to finish or cancel one.",
+                code="too_many_batches",
+                type_="rate_limit_error",
+                headers={"retry-after": "30", **headers},
+            )
         now = int(time.time())
         batch = Batch(
             id=f"batch_{uuid.uuid4().hex}",
@@ -75,6 +113,53 @@ class BatchesAPI:
         cap = self._jobs.outstanding_cap(caller)
         await self._jobs.storage(self._batches.create, batch, spec, cap)
         return json_response(batch.public(), headers=headers)
+
+    async def upload_tasks(self, request: Request) -> Response:
+        """A tasks file (tiergate.gateway.taskfile), received as a workspace upload is."""
+        caller = self._jobs.caller(request)
+        answer, headers = await self._jobs.uploads.receive(caller, request, BATCH_TASKS)
+        return json_response(answer, headers=headers)
+
+    async def _uploaded_tasks(self, caller: Caller, upload_id: str) -> list[BatchTask]:
+        await self._jobs.check_upload(caller, upload_id, "tasks_upload_id")
+
+        def read() -> list[BatchTask] | None:
+            with tempfile.TemporaryDirectory(prefix="tiergate-tasks-") as scratch:
+                path = Path(scratch) / "tasks.jsonl"
+                if not self._store.read_upload_to(caller.name, upload_id, path):
+                    return None
+                with path.open("rb") as file:
+                    return read_tasks(file)
+
+        tasks: list[BatchTask] | None = await self._jobs.storage(read)
+        if tasks is None:  # deleted since it was looked at
+            raise OpenAIError(
+                400,
+                f"No tasks upload {upload_id!r} for this key (POST /v1/jobs/batches/tasks).",
+                param="tasks_upload_id",
+                code="upload_not_found",
+            )
+        return tasks
+
+    async def _check_uploads(self, caller: Caller, spec: BatchCreate) -> None:
+        """Every workspace upload the tasks name is the caller's and live, as a job's is
+        checked at submit. A key holds at most jobs.max_uploads_per_key of them, so more
+        distinct names than that are refused before any is looked up."""
+        named: dict[str, int] = {}
+        for index, task in enumerate(spec.tasks):
+            if task.workspace.upload_id:
+                named.setdefault(task.workspace.upload_id, index)
+        most = self._settings.max_uploads_per_key
+        if len(named) > most:
+            raise OpenAIError(
+                400,
+                f"The tasks name {len(named)} workspace uploads; a key holds at most {most} "
+                "(jobs.max_uploads_per_key).",
+                param="tasks",
+                code="too_many_uploads",
+            )
+        for upload_id, index in named.items():
+            await self._jobs.check_upload(caller, upload_id, f"tasks.{index}.workspace.upload_id")
 
     async def _owned(self, request: Request, batch_id: str) -> Batch:
         caller = self._jobs.caller(request)

@@ -62,6 +62,22 @@ def register_job_routes(app: FastAPI) -> None:
         own jobs and scheduled by the workers (README, "Rollout batches")."""
         return await batches(request).create(request)
 
+    @app.post(
+        "/v1/jobs/batches/tasks",
+        tags=["jobs"],
+        responses={**errors, "413": openapi.error_response("Over jobs.max_batch_tasks_bytes")},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/jsonl": {"schema": {"type": "string"}}},
+            }
+        },
+    )
+    async def upload_batch_tasks(request: Request) -> Response:
+        """A batch's tasks as JSON lines (one task a line), checked line by line and kept
+        as one of the key's uploads; name it as ``tasks_upload_id`` in a batch."""
+        return await batches(request).upload_tasks(request)
+
     @app.get("/v1/jobs/batches/{batch_id}", tags=["jobs"], responses=errors)
     async def get_batch(request: Request, batch_id: str) -> Response:
         """Status, per-domain and per-task counts, pass rates, reward mean and spread,

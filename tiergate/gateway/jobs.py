@@ -186,6 +186,10 @@ class JobsAPI:
         except MessageTooLarge as exc:
             raise too_large_for_queue(exc) from None
 
+    async def check_upload(self, caller: Caller, upload_id: str, param: str) -> None:
+        """400 when ``caller`` has no live upload ``upload_id``."""
+        await self._uploads.check_named(caller, upload_id, 400, param)
+
     def outstanding_cap(self, caller: Caller) -> int:
         """How many unfinished jobs the key may have."""
         return (caller.key and caller.key.limits.max_outstanding_jobs) or (
@@ -333,6 +337,10 @@ class JobsAPI:
         return json_response(job.public({}), headers=headers)
 
     # -- uploads ----------------------------------------------------------------------------
+
+    @property
+    def uploads(self) -> Uploads:
+        return self._uploads
 
     async def upload(self, request: Request) -> Response:
         """A starting workspace (a tar archive, optionally compressed) for this key's jobs;

@@ -1,4 +1,6 @@
-"""Workspace uploads (``POST /v1/jobs/workspaces``) as the calling key's own cost.
+"""Workspace uploads (``POST /v1/jobs/workspaces``) as the calling key's own cost; a
+batch's tasks file (``POST /v1/jobs/batches/tasks``, tiergate.gateway.taskfile) is an
+upload of another kind (:data:`BATCH_TASKS`), under the same quota, count and time to live.
 
 An upload counts as one request against the key's requests per minute, as a job
 submission does. A key holds at most ``jobs.max_uploads_per_key`` live uploads and
@@ -45,6 +47,7 @@ from fastapi import Request
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.gateway.taskfile import check_tasks
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 
@@ -106,13 +109,43 @@ def _tar_refused(message: str, code: str) -> OpenAIError:
     return OpenAIError(400, message, code=code)
 
 
-def _too_large(limit: int) -> OpenAIError:
+def _too_large(limit: int, setting: str = "max_upload_bytes") -> OpenAIError:
     return OpenAIError(
         413,
-        f"The upload exceeds {limit} bytes, this installation's limit "
-        f"(jobs.max_upload_bytes: {limit}).",
+        f"The upload exceeds {limit} bytes, this installation's limit (jobs.{setting}: {limit}).",
         code="request_too_large",
     )
+
+
+@dataclass(frozen=True)
+class UploadKind:
+    """What an upload holds: the answer's ``object``, its size limit (the setting's
+    name), what an empty body is told, and the check of its spooled body (the answer's
+    figures, or an OpenAIError)."""
+
+    object: str
+    limit_setting: str
+    empty: str
+    check: Callable[[IO[bytes], JobsSettings], dict[str, int]]
+
+    def limit(self, settings: JobsSettings) -> int:
+        return min(settings.max_upload_bytes, int(getattr(settings, self.limit_setting)))
+
+
+def _check_workspace(file: IO[bytes], s: JobsSettings) -> dict[str, int]:
+    return {"members": check_tar(file, s.max_upload_members, s.max_upload_unpacked_bytes).members}
+
+
+def _check_tasks(file: IO[bytes], s: JobsSettings) -> dict[str, int]:
+    return {"tasks": check_tasks(file)}
+
+
+WORKSPACE = UploadKind(
+    "workspace.upload", "max_upload_bytes", "send a tar archive as the body", _check_workspace
+)
+BATCH_TASKS = UploadKind(
+    "jobs.batch_tasks", "max_batch_tasks_bytes", "send the tasks as JSON lines", _check_tasks
+)
 
 
 class Uploads:
@@ -143,15 +176,16 @@ class Uploads:
     # -- receiving --------------------------------------------------------------------------
 
     async def receive(
-        self, caller: Caller, request: Request
+        self, caller: Caller, request: Request, kind: UploadKind = WORKSPACE
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """Take one upload for ``caller``: the answer's body and rate-limit headers, once it
         is stored."""
         s = self._settings
+        limit = kind.limit(s)
         declared = request.headers.get("content-length")
         expected = int(declared) if declared is not None and declared.isdigit() else 0
-        if expected > s.max_upload_bytes:
-            raise _too_large(s.max_upload_bytes)
+        if expected > limit:
+            raise _too_large(limit, kind.limit_setting)
         upload_id = f"upl_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, upload_id)
         if self._active >= s.max_concurrent_uploads:
@@ -171,16 +205,12 @@ class Uploads:
         try:
             await self._check_quota(caller, headers)
             with tempfile.NamedTemporaryFile(prefix="tiergate-upload-") as spool:
-                size = await self._spool(request, spool, s.max_upload_bytes)
+                size = await self._spool(request, spool, limit, kind.limit_setting)
                 if size == 0:
                     raise OpenAIError(
-                        400,
-                        "The upload is empty: send a tar archive as the body.",
-                        code="invalid_upload",
+                        400, f"The upload is empty: {kind.empty}.", code="invalid_upload"
                     )
-                summary: TarSummary = await asyncio.to_thread(
-                    check_tar, spool, s.max_upload_members, s.max_upload_unpacked_bytes
-                )
+                summary = await asyncio.to_thread(kind.check, spool, s)
                 receiving.remove(expected)
                 receiving.append(size)
                 expected = size
@@ -193,21 +223,21 @@ class Uploads:
                 self._receiving.pop(caller.name, None)
         answer = {
             "id": upload_id,
-            "object": "workspace.upload",
+            "object": kind.object,
             "bytes": size,
-            "members": summary.members,
+            **summary,
             "expires_at": int(time.time() + s.upload_ttl_seconds),
         }
         return answer, headers
 
-    async def _spool(self, request: Request, spool: IO[bytes], limit: int) -> int:
+    async def _spool(self, request: Request, spool: IO[bytes], limit: int, setting: str) -> int:
         """Copy the body to ``spool`` chunk by chunk; 413 as soon as it is over ``limit``."""
         size = 0
         pending = bytearray()
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise _too_large(limit)
+                raise _too_large(limit, setting)
             pending += chunk
             if len(pending) >= _WRITE_BYTES:
                 await asyncio.to_thread(spool.write, pending)

@@ -12,7 +12,15 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from tiergate.jobsclient import wire
-from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
+from tiergate.jobsclient.base import (
+    Expired,
+    Follow,
+    Reconnect,
+    TasksSource,
+    WorkspaceSource,
+    tasks_bytes,
+    workspace_bytes,
+)
 from tiergate.jobsclient.errors import JobsTimeout
 from tiergate.jobsclient.models import Batch, Job, JobEvent, JobList
 from tiergate.protocol import JobCreate
@@ -87,11 +95,21 @@ class AsyncJobsClient(wire.Client[httpx.AsyncClient]):
         """Like :meth:`JobsClient.replay`."""
         return await self._call(wire.replay(job_id))
 
+    async def upload_tasks(self, source: TasksSource) -> str:
+        """Like :meth:`JobsClient.upload_tasks`."""
+        body = await asyncio.to_thread(tasks_bytes, source)
+        return await self._call(wire.upload_tasks(body))
+
     async def submit_batch(
-        self, tasks: Iterable[Mapping[str, Any]], samples_per_task: int = 4, **options: Any
+        self,
+        tasks: Iterable[Mapping[str, Any]] | None = None,
+        samples_per_task: int = 4,
+        *,
+        tasks_upload_id: str | None = None,
+        **options: Any,
     ) -> Batch:
         """Like :meth:`JobsClient.submit_batch`."""
-        body = {"tasks": list(tasks), "samples_per_task": samples_per_task, **options}
+        body = wire.batch_body(tasks, samples_per_task, tasks_upload_id, options)
         return await self._call(wire.submit_batch(body))
 
     async def get_batch(self, batch_id: str) -> Batch:

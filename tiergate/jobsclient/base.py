@@ -4,10 +4,11 @@ event stream is followed across reconnects (:class:`Follow`)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ STREAM_READ_SECONDS = 45.0
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 WorkspaceSource = str | os.PathLike[str] | bytes
+# A batch's tasks to upload: a JSON-lines file, its bytes, or the tasks themselves.
+TasksSource = str | Path | bytes | Iterable[Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,16 @@ def workspace_bytes(source: WorkspaceSource) -> bytes:
         for child in sorted(path.iterdir()):
             tar.add(child, arcname=child.name)
     return buffer.getvalue()
+
+
+def tasks_bytes(source: TasksSource) -> bytes:
+    """A tasks file's body: bytes as they are, a JSON-lines file's contents, or tasks
+    (mappings) written one a line."""
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, (str, Path)):
+        return Path(source).read_bytes()
+    return b"".join(json.dumps(dict(task)).encode() + b"\n" for task in source)
 
 
 def check(response: httpx.Response) -> httpx.Response:

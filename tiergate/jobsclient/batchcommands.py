@@ -15,9 +15,11 @@ from tiergate.jobsclient.models import Batch
 from tiergate.jobsclient.sync import JobsClient
 
 
-def read_tasks(file: str) -> list[dict[str, Any]]:
-    """Tasks from a JSONL file (one task a line; blank lines and ``#`` lines skipped)."""
-    text = sys.stdin.read() if file == "-" else Path(file).read_text()
+def read_tasks(file: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Tasks from a JSONL file (one task a line; blank lines and ``#`` lines skipped), and
+    the file's bytes as read."""
+    raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    text = raw.decode()
     tasks = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -26,7 +28,7 @@ def read_tasks(file: str) -> list[dict[str, Any]]:
             tasks.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{file}:{number}: not JSON ({exc.msg})") from None
-    return tasks
+    return tasks, raw
 
 
 def progress(batch: Batch) -> None:
@@ -50,11 +52,14 @@ def submit(
     timeout: float | None,
 ) -> int:
     try:
-        tasks = read_tasks(file)
-    except (OSError, ValueError) as exc:
+        tasks, raw = read_tasks(file)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         say(f"error: {exc}")
         return CLIENT_ERROR
-    batch = client.submit_batch(tasks, samples_per_task=samples, **options)
+    # Uploaded as a file (POST /v1/jobs/batches/tasks), not inline: a file of thousands of
+    # tasks is over a request body's limit, and the gateway names a bad task by its line.
+    upload_id = client.upload_tasks(raw)
+    batch = client.submit_batch(samples_per_task=samples, tasks_upload_id=upload_id, **options)
     say(f"batch {batch.id}: {len(tasks)} tasks, {samples} samples each")
     if not wait:
         emit(batch.public())

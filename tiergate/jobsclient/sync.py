@@ -12,7 +12,15 @@ import httpx
 from httpx_sse import connect_sse
 
 from tiergate.jobsclient import wire
-from tiergate.jobsclient.base import Expired, Follow, Reconnect, WorkspaceSource, workspace_bytes
+from tiergate.jobsclient.base import (
+    Expired,
+    Follow,
+    Reconnect,
+    TasksSource,
+    WorkspaceSource,
+    tasks_bytes,
+    workspace_bytes,
+)
 from tiergate.jobsclient.errors import JobsTimeout
 from tiergate.jobsclient.models import Batch, Job, JobEvent, JobList
 from tiergate.protocol import JobCreate
@@ -97,13 +105,25 @@ class JobsClient(wire.Client[httpx.Client]):
 
     # -- rollout batches --------------------------------------------------------------------
 
+    def upload_tasks(self, source: TasksSource) -> str:
+        """Upload a batch's tasks as JSON lines: a .jsonl file, its bytes, or the tasks
+        (mappings). Returns the id to give as ``tasks_upload_id``; the tasks are checked
+        line by line as they arrive."""
+        return self._call(wire.upload_tasks(tasks_bytes(source)))
+
     def submit_batch(
-        self, tasks: Iterable[Mapping[str, Any]], samples_per_task: int = 4, **options: Any
+        self,
+        tasks: Iterable[Mapping[str, Any]] | None = None,
+        samples_per_task: int = 4,
+        *,
+        tasks_upload_id: str | None = None,
+        **options: Any,
     ) -> Batch:
-        """A rollout batch: ``tasks`` (job specs, each with ``domain`` and ``task_id``),
-        ``samples_per_task``, and the rest of ``BatchCreate`` as keywords (``rounds``,
-        ``domain_weights``, ``budget``, ``max_in_flight``, ...)."""
-        body = {"tasks": list(tasks), "samples_per_task": samples_per_task, **options}
+        """A rollout batch: ``tasks`` (job specs, each with ``domain`` and ``task_id``) or
+        ``tasks_upload_id`` (:meth:`upload_tasks`), ``samples_per_task``, and the rest of
+        ``BatchCreate`` as keywords (``rounds``, ``domain_weights``, ``budget``,
+        ``max_in_flight``, ...)."""
+        body = wire.batch_body(tasks, samples_per_task, tasks_upload_id, options)
         return self._call(wire.submit_batch(body))
 
     def get_batch(self, batch_id: str) -> Batch:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -115,6 +115,28 @@ def _batch(response: httpx.Response) -> Batch:
 
 def _lines(response: httpx.Response) -> list[dict[str, Any]]:
     return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+
+def upload_tasks(body: bytes) -> Call[str]:
+    return Call(
+        "POST",
+        "/v1/jobs/batches/tasks",
+        _upload_id,
+        content=body,
+        headers={"content-type": "application/jsonl"},
+    )
+
+
+def batch_body(
+    tasks: Iterable[Mapping[str, Any]] | None,
+    samples_per_task: int,
+    tasks_upload_id: str | None,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    given: dict[str, Any] = {"tasks_upload_id": tasks_upload_id} if tasks_upload_id else {}
+    if tasks is not None:
+        given["tasks"] = list(tasks)
+    return {**given, "samples_per_task": samples_per_task, **options}
 
 
 def submit_batch(body: Mapping[str, Any]) -> Call[Batch]:

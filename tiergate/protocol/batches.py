@@ -12,6 +12,7 @@ from tiergate.protocol.base import Strict
 from tiergate.protocol.spec import JobCreate
 
 DOMAIN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_BATCH_TASKS = 20_000
 
 
 class BatchTask(JobCreate):
@@ -34,14 +35,16 @@ class BatchBudget(Strict):
 
 
 class BatchCreate(Strict):
-    """A batch: ``tasks`` (the client and CLI read them from a JSONL file, one task a
-    line), ``samples_per_task`` samples of each in the first round; in each of
+    """A batch: ``tasks`` inline, or ``tasks_upload_id``, a JSON-lines file of them
+    uploaded with ``POST /v1/jobs/batches/tasks`` (one task a line); ``samples_per_task``
+    samples of each in the first round; in each of
     ``rounds - 1`` later rounds a task whose samples so far neither all passed nor all
     failed gets ``samples_per_task`` more (``extra_samples`` to set another number), up to
     the budget. ``domain_weights`` share the running jobs between domains (1 each when
     not given); ``max_in_flight`` is how many of the batch's jobs run or wait at once."""
 
-    tasks: list[BatchTask] = Field(min_length=1, max_length=20_000)
+    tasks: list[BatchTask] = Field(default_factory=list, max_length=MAX_BATCH_TASKS)
+    tasks_upload_id: str | None = Field(None, pattern=r"^upl_[0-9a-f]{32}$")
     samples_per_task: int = Field(4, ge=1, le=64)
     rounds: int = Field(1, ge=1, le=16)
     extra_samples: int | None = Field(None, ge=1, le=64)
@@ -52,8 +55,17 @@ class BatchCreate(Strict):
     advantage_clip: float = Field(5.0, gt=0)
     metadata: dict[str, str] = Field(default_factory=dict)
 
+    def most_rollouts(self) -> int:
+        """The most jobs the batch may start: every task's samples in every round, or the
+        budget's ``max_jobs`` if lower."""
+        extra = self.extra_samples or self.samples_per_task
+        planned = len(self.tasks) * (self.samples_per_task + (self.rounds - 1) * extra)
+        return min(planned, self.budget.max_jobs or planned)
+
     @model_validator(mode="after")
     def _tasks_once(self) -> BatchCreate:
+        if bool(self.tasks) == bool(self.tasks_upload_id):
+            raise ValueError("give the batch's tasks either inline (tasks) or as tasks_upload_id")
         seen: set[tuple[str, str]] = set()
         for task in self.tasks:
             key = (task.domain, task.task_id)

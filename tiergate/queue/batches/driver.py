@@ -116,6 +116,7 @@ class BatchDriver:
         self._jobs = JobLifecycle(store)
         self._held: dict[tuple[str, str], RunLease] = {}
         self._requests: dict[str, BatchCreate] = {}
+        self._written: dict[str, bytes] = {}  # batch id -> digest of the state it last wrote
         self._metrics = metrics
 
     def run_once(self) -> int:
@@ -128,6 +129,7 @@ class BatchDriver:
                 if isinstance(taken, Held):
                     continue
                 lease = self._held[(owner, batch_id)] = taken
+                self._written.pop(batch_id, None)  # another may have written it since
             started += self._drive(owner, batch_id, lease)
         return started
 
@@ -150,14 +152,21 @@ class BatchDriver:
         ended = batch.status != "in_progress" and all(terminal(r) for r in batch.rollouts)
         if ended and batch.completed_at is None:
             batch.completed_at = int(time.time())
-        lease.check()
-        self._batches.put_state(batch)
+        # Written only when it changed: a batch of many rollouts is one object, and most
+        # passes find nothing new.
+        body = batch.model_dump_json().encode()
+        digest = hashlib.sha256(body).digest()
+        if self._written.get(batch_id) != digest:
+            lease.check()
+            self._batches.put_state(batch, body)
+            self._written[batch_id] = digest
         if ended:
             self._batches.finished(owner, batch_id)
             lease.release()
             self._leases.done(lease)
             self._held.pop((owner, batch_id), None)
             self._requests.pop(batch_id, None)
+            self._written.pop(batch_id, None)
             log.info("batch %s %s", batch_id, batch.status)
         return min(len(plan.start), max(0, room))
 
@@ -168,6 +177,7 @@ class BatchDriver:
             lease.release()
             self._leases.done(lease)
         self._held.clear()
+        self._written.clear()
 
     def _room(self, owner: str, batch_id: str) -> int:
         cap = self._batches.owner_cap(owner, batch_id) or self._default_cap

@@ -52,10 +52,11 @@ class BatchStore:
         raw = self._objects.get(self._key(owner, batch_id, "state.json"))
         return None if raw is None else Batch.model_validate_json(raw)
 
-    def put_state(self, batch: Batch) -> None:
+    def put_state(self, batch: Batch, body: bytes | None = None) -> None:
+        """``body``: the batch already serialized."""
         self._objects.put(
             self._key(batch.owner, batch.id, "state.json"),
-            batch.model_dump_json().encode(),
+            body if body is not None else batch.model_dump_json().encode(),
             content_type="application/json",
         )
 
@@ -66,6 +67,10 @@ class BatchStore:
     def finished(self, owner: str, batch_id: str) -> None:
         with contextlib.suppress(StorageError):
             self._objects.delete(self._active(owner, batch_id))
+
+    def active_of(self, owner: str, limit: int) -> int:
+        """How many of ``owner``'s batches are not finished (counted up to ``limit``)."""
+        return len(self._objects.keys(self.jobs.prefixed(f"batches-active/{owner}/"), limit=limit))
 
     def active(self) -> Iterator[tuple[str, str]]:
         """(owner, batch id) of every batch not finished."""
