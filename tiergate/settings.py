@@ -124,6 +124,13 @@ class PolicySettings(_Section):
     # Tiers whose engines may decode speculatively, and so refuse the sampling options
     # vLLM's speculative path refuses (min_p, logit_bias, logits_processors).
     speculative_tiers: list[Tier] = Field(default_factory=_default_speculative_tiers)
+    # Every engine runs vLLM's priority scheduling (``--scheduling-policy priority``; the
+    # local stack's do): each request then carries vLLM's ``priority``, its urgency
+    # (tiergate.tiers: priority 0, default 1, flex and agent jobs 2), so a ``priority``
+    # request is not queued behind standard ones on an engine they share, and sweeps go
+    # last. Off, the engines keep vLLM's first-come order (an engine without priority
+    # scheduling refuses a nonzero ``priority``). A caller's own ``priority`` is never sent.
+    engine_priorities: bool = False
 
     @model_validator(mode="after")
     def _orders(self) -> PolicySettings:
@@ -361,6 +368,9 @@ class TierProfile(_Section):
     # parser off, or keeps the model's own template.
     tool_call_parser: str | None = "auto"
     chat_template: str | None = "auto"
+    # vLLM's scheduling policy: "priority" orders its queue by each request's priority,
+    # which the gateway sets from the request's urgency (policy.engine_priorities).
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
     extra_args: list[str] = Field(default_factory=list)
 
 

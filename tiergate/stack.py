@@ -160,6 +160,13 @@ def run_local_stack(
         wait_ready([fast], progress=_say)
         _supervise_engine(supervisor, fast, plan.profile)
         verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
+        if all(e.proc is not None for e in engines) and all(
+            p.scheduling_policy == "priority" for p in (standard_profile, plan.profile)
+        ):
+            # The engines this stack started schedule by priority: the gateway sets it (an
+            # engine found running may not, and would refuse a nonzero priority).
+            policy = settings.policy.model_copy(update={"engine_priorities": True})
+            settings = settings.model_copy(update={"policy": policy})
         host, port = settings.gateway.host, settings.gateway.port
         metrics_port = settings.gateway.metrics_port
         metrics_host = settings.gateway.metrics_host or host

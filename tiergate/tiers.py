@@ -34,6 +34,22 @@ _REQUESTED: dict[str, Tier | None] = {
 
 ACCEPTED_WORDS = tuple(_REQUESTED)
 
+# How soon a request is served where requests of several kinds share a queue (the gateway's
+# admission queue of a tier, and the engine's own with vLLM's priority scheduling): lower
+# first. OpenAI's `priority` asks for lower latency on the same model; `flex` accepts
+# slower service; an agent job's model calls (JOB_URGENCY) go last, whatever tier the job
+# asked for, so that evaluation sweeps never slow interactive callers.
+PRIORITY_URGENCY = 0
+DEFAULT_URGENCY = 1
+FLEX_URGENCY = 2
+JOB_URGENCY = 2
+_URGENCY = {"priority": PRIORITY_URGENCY, "fast": PRIORITY_URGENCY, "flex": FLEX_URGENCY}
+
+
+def urgency_of(word: str | None) -> int:
+    """The urgency a requested tier word asks for (None, ``auto``: the default)."""
+    return _URGENCY.get((word or "").strip().lower(), DEFAULT_URGENCY)
+
 
 class UnknownTierError(ValueError):
     """A requested tier word that is neither OpenAI's nor tiergate's."""

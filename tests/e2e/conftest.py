@@ -90,6 +90,8 @@ def gateway(vllm_servers: dict[Tier, VllmServer]) -> Iterator[str]:
         vllm_servers,
         timeouts={"first_byte_seconds": 120.0, "between_chunks_seconds": 60.0},
         health={"eject_after_failures": 1, "cooldown_seconds": 600},
+        # The session's engines run the profiles' priority scheduling.
+        policy={"engine_priorities": True},
     )
     with running_gateway(settings) as base:
         yield base

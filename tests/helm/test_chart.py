@@ -22,6 +22,7 @@ from tests.helm.chart import (
     helm,
     load_pod_settings,
     render,
+    render_fails,
 )
 from tiergate.settings import load_settings
 from tiergate.speculative.config import SpeculativeConfig
@@ -241,6 +242,19 @@ def test_both_tiers_start_with_the_same_tool_calling() -> None:
         )
     off = render(sets=("vllm.toolCalling.parser=",))
     assert not any("tool" in a for a in args(off, "standard") + args(off, "fast"))
+
+
+def test_engines_schedule_by_the_priority_the_gateway_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render()
+    for tier in ("standard", "fast"):
+        spec = find(docs, "Deployment", f"rel-tiergate-vllm-{tier}")["spec"]["template"]["spec"]
+        assert "--scheduling-policy=priority" in spec["containers"][0]["args"]
+    _use_gateway_config(docs, tmp_path, monkeypatch)
+    assert load_settings().policy.engine_priorities is True
+    said = render_fails("vllm.priorityScheduling=false")
+    assert "engine_priorities" in said
 
 
 def test_small_model_gets_the_chart_chat_template_for_tools() -> None:

@@ -387,4 +387,5 @@ def test_a_batch_from_an_uploaded_tasks_file_runs_and_a_bad_file_is_refused_by_l
         )
         assert final["status"] == "completed"
         assert sorted(r["task_id"] for r in final["rollouts"]) == ["t0", "t1", "t2"]
-        assert final["counts"] == {"completed": 3}
+        assert sum(final["counts"].get(s, 0) for s in ("completed", "incomplete")) == 3
+        assert all(r["passed"] for r in final["rollouts"]), final["rollouts"]

@@ -39,6 +39,8 @@ def vllm_command(profile: TierProfile, python: str = sys.executable) -> list[str
         cmd += ["--max-model-len", str(profile.max_model_len)]
     if profile.enforce_eager:
         cmd.append("--enforce-eager")
+    if profile.scheduling_policy != "fcfs":
+        cmd += ["--scheduling-policy", profile.scheduling_policy]
     if profile.speculative is not None:
         cmd += ["--speculative-config", to_vllm_json(profile.speculative)]
     family = tool_support(profile.served_model_name, profile.model)

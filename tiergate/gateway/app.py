@@ -143,7 +143,9 @@ def create_app(settings: Settings) -> FastAPI:
             {tier: bool(settings.tiers[tier].long_context_endpoints) for tier in Tier},
         )
         metrics.registry.register(AdmissionCollector(admission, limiter))
-        evidence = TierEvidence(settings.gateway.tier_evidence_file)
+        evidence = TierEvidence(
+            settings.gateway.tier_evidence_file, settings.policy.engine_priorities
+        )
         metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(
             settings,

@@ -44,6 +44,9 @@ class Caller:
 
     name: str
     key: ApiKey | None
+    # An agent job's model call (a worker's key naming the job's owner): served last where
+    # requests share a queue (tiergate.tiers.JOB_URGENCY).
+    for_job: bool = False
 
     def may_use_tier(self, tier: Tier) -> bool:
         return self.key is None or tier in self.key.tiers
@@ -133,8 +136,10 @@ class Authenticator:
         key naming a job's owner, that owner."""
         self._refresh()
         caller = self._authenticate(authorization)
-        if not on_behalf_of or caller.key is None:
+        if not on_behalf_of:
             return caller
+        if caller.key is None:  # auth off: saying so can only put the caller last
+            return Caller(caller.name, None, for_job=True)
         if not caller.key.acts_for_job_owners:
             raise OpenAIError(
                 403,
@@ -144,7 +149,7 @@ class Authenticator:
         owner = self._by_name.get(on_behalf_of)
         if owner is None:
             raise OpenAIError(403, "The job's owner no longer has a key.", code="owner_unknown")
-        return Caller(owner.name, owner)
+        return Caller(owner.name, owner, for_job=True)
 
     def _authenticate(self, authorization: str | None) -> Caller:
         if not self._enabled:

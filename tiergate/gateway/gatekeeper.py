@@ -14,7 +14,7 @@ from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.policy import RouteSupport, TierDecision, TierPolicy
 from tiergate.gateway.selection import InspectedRequest
 from tiergate.settings import KeyLimits, Settings
-from tiergate.tiers import Tier
+from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, Tier
 
 
 @dataclass(slots=True)
@@ -98,7 +98,12 @@ class Gatekeeper:
         return max(1, math.ceil(req.prompt_chars / self._settings.limits.chars_per_token))
 
     async def admit(
-        self, caller: Caller, req: InspectedRequest, tier: Tier, request_id: str
+        self,
+        caller: Caller,
+        req: InspectedRequest,
+        tier: Tier,
+        request_id: str,
+        urgency: int = DEFAULT_URGENCY,
     ) -> Lease:
         estimate = self.estimate_tokens(req)
         lease = Lease(caller, self.limiter, request_id, estimate)
@@ -115,7 +120,7 @@ class Gatekeeper:
                 raise self._refused(caller, decision, lease.headers)
         try:
             lease.ticket = await self.admission.admit(
-                tier, caller.priority, self.admission.is_long(estimate)
+                tier, admission_rank(caller.priority, urgency), self.admission.is_long(estimate)
             )
         except OpenAIError as err:
             lease.end()
@@ -125,6 +130,12 @@ class Gatekeeper:
         m = self._metrics
         m.child(m.queue_wait, tier.value).observe(lease.ticket.waited_seconds)
         return lease
+
+
+def admission_rank(key_priority: int, urgency: int) -> int:
+    """A request's place in a tier's admission queue (higher first): its urgency first
+    (priority, then default, then flex and agent jobs), then its key's priority (0-9)."""
+    return (FLEX_URGENCY - urgency) * 10 + key_priority
 
 
 def _limit_message(decision: Decision) -> str:

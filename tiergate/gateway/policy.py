@@ -6,6 +6,7 @@ else picks or changes a tier (the upstream caller only follows ``decision.tiers`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -13,7 +14,7 @@ from enum import StrEnum
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import PolicySettings
-from tiergate.tiers import Tier
+from tiergate.tiers import DEFAULT_URGENCY, JOB_URGENCY, Tier
 
 
 class Reason(StrEnum):
@@ -31,6 +32,7 @@ class AskedTier:
 
     tier: Tier | None
     reason: Reason = Reason.AUTO
+    urgency: int = DEFAULT_URGENCY  # tiergate.tiers: lower is served first
 
     @property
     def explicit(self) -> bool:
@@ -53,6 +55,9 @@ class TierDecision:
     reason: Reason
     # The tier to move to before the first byte if ``tier`` has no healthy endpoint.
     fallback: Tier | None = None
+    # Where requests share a queue, lower is served first (tiergate.tiers): what was asked,
+    # or JOB_URGENCY for an agent job's call.
+    urgency: int = DEFAULT_URGENCY
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
@@ -104,6 +109,11 @@ class TierPolicy:
         """The tier to serve on, or the error that says why none can be: 403 for a tier the
         key may not use, 400 for an asked tier that cannot serve the request, 404 for a
         route neither tier serves."""
+        decision = self._decide(caller, asked, needs)
+        urgency = max(asked.urgency, JOB_URGENCY) if caller.for_job else asked.urgency
+        return dataclasses.replace(decision, urgency=urgency)
+
+    def _decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierDecision:
         usable = [t for t in Tier if caller.may_use_tier(t)]
         if asked.tier is not None:
             tier, reason = asked.tier, asked.reason

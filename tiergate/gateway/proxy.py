@@ -144,10 +144,14 @@ class CompletionsProxy:
             self._check_model(req.model, caller)
             decision = self._gatekeeper.decide(caller, req)
             fields.update(tier_requested=decision.tier.value, tier_reason=decision.reason.value)
-            lease = await watch.race(self._gatekeeper.admit(caller, req, decision.tier, request_id))
+            lease = await watch.race(
+                self._gatekeeper.admit(caller, req, decision.tier, request_id, decision.urgency)
+            )
             headers.update(lease.headers)
             long_prompt = self._gatekeeper.admission.is_long(lease.estimate)
-            body = upstream_body(req)
+            body = upstream_body(
+                req, decision.urgency if self._settings.policy.engine_priorities else None
+            )
             ctx = RequestContext(
                 path, req, lease, watch, headers, fields, started, time.perf_counter()
             )

@@ -14,7 +14,7 @@ from tiergate.gateway.emptyinput import refuse_empty_input
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.routes import ROUTES, Route
-from tiergate.tiers import ACCEPTED_WORDS, UnknownTierError, parse_requested_tier
+from tiergate.tiers import ACCEPTED_WORDS, UnknownTierError, parse_requested_tier, urgency_of
 
 TIER_HEADER = "x-tiergate-tier"
 
@@ -96,11 +96,11 @@ def _requested(body: dict[str, Any], header: str | None) -> AskedTier:
     try:
         # The body field wins; the header serves clients that cannot set the field.
         if field is not None and field.strip().lower() != "auto":
-            return AskedTier(parse_requested_tier(field), Reason.REQUESTED)
+            return AskedTier(parse_requested_tier(field), Reason.REQUESTED, urgency_of(field))
         if header:
             tier = parse_requested_tier(header)
             if tier is not None:
-                return AskedTier(tier, Reason.HEADER)
+                return AskedTier(tier, Reason.HEADER, urgency_of(header))
     except UnknownTierError as exc:
         param = "service_tier" if field is not None else TIER_HEADER
         raise OpenAIError(
@@ -183,12 +183,17 @@ def inspect(
     )
 
 
-def upstream_body(req: InspectedRequest) -> bytes:
-    """The body sent to vLLM: the client's, less ``service_tier`` (the gateway's business),
-    with usage requested on streams so that tokens are always counted; an assembled
-    request is sent as a stream."""
+def upstream_body(req: InspectedRequest, engine_priority: int | None = None) -> bytes:
+    """The body sent to vLLM: the client's, less ``service_tier`` and ``priority`` (the
+    gateway's business: a caller never sets its own place in the engine's queue), with
+    ``engine_priority`` as vLLM's ``priority`` when the engines schedule by it, and usage
+    requested on streams so that tokens are always counted; an assembled request is sent
+    as a stream."""
     body = dict(req.body)
     body.pop("service_tier", None)
+    body.pop("priority", None)
+    if engine_priority is not None:
+        body["priority"] = engine_priority
     if req.assembled:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

@@ -12,14 +12,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tiergate.evidence import TierDecision
-from tiergate.tiers import Tier
+from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, JOB_URGENCY, PRIORITY_URGENCY, Tier
 
 
 class TierEvidence:
     """The decision at ``path`` (``None``: the tiers run what they were configured with)."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, engine_priorities: bool = False) -> None:
         self._path = Path(path) if path else None
+        self._engine_priorities = engine_priorities
         self._stamp: tuple[int, int] | None = None
         self._decision: TierDecision | None = None
 
@@ -48,9 +49,15 @@ class TierEvidence:
             "tier": Tier.FAST.value,
             "service_tier": Tier.FAST.openai_name,
         }
+        scheduling = self.scheduling()
         if decision is None:
             fast["runs"] = "as configured (no tuner decision is published by this gateway)"
-            return {"object": "list", "data": [standard, fast], "decision": None}
+            return {
+                "object": "list",
+                "data": [standard, fast],
+                "decision": None,
+                "scheduling": scheduling,
+            }
         chosen = decision.chosen
         fast.update(
             {
@@ -71,7 +78,26 @@ class TierEvidence:
                 "hardware": decision.fingerprint,
             }
         )
-        return {"object": "list", "data": [standard, fast], "decision": decision.public()}
+        return {
+            "object": "list",
+            "data": [standard, fast],
+            "decision": decision.public(),
+            "scheduling": scheduling,
+        }
+
+    def scheduling(self) -> dict[str, Any]:
+        """Who goes first where requests share a queue (tiergate.tiers): in each tier's
+        admission queue always; in the engines' own queues with engine priorities."""
+        return {
+            "engine_priorities": self._engine_priorities,
+            "urgency": {
+                "priority": PRIORITY_URGENCY,
+                "default": DEFAULT_URGENCY,
+                "flex": FLEX_URGENCY,
+                "agent_jobs": JOB_URGENCY,
+            },
+            "order": "lower urgency first; then the key's priority",
+        }
 
 
 class TierEvidenceCollector(Collector):
