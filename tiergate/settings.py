@@ -334,6 +334,12 @@ class TuningSettings(_Section):
     parity_max_tasks: int | None = Field(None, ge=10)
     # A decision is reused while it matches this machine; the file lives beside the models.
     decision_file: str | None = None
+    # When no recipe beats the standard configuration (verdict "equal", and the fast tier
+    # runs that same configuration), the local stack's two engines serve as one pool for
+    # both tiers: a standard backlog uses the idle fast engine too, and priority requests
+    # go first on both (urgency). False keeps an engine for the fast tier alone (latency
+    # isolation), at the cost of one engine idling while the other queues.
+    share_engines_when_equal: bool = True
 
     def decision_path(self) -> Path:
         return (

@@ -57,6 +57,32 @@ def _announce(decision: TierDecision) -> None:
         _say(f"this hardware has no faster recipe: {decision.reason}")
 
 
+def shared_pools(
+    settings: Settings, decision: TierDecision | None, fast: TierProfile, urls: dict[Tier, str]
+) -> Settings:
+    """Both engines in both tiers' pools when the fast tier runs the standard configuration
+    itself (verdict ``equal``, no recipe): the same weights and capabilities, so neither
+    engine idles while the other queues (tuning.share_engines_when_equal)."""
+    standard = settings.profiles[Tier.STANDARD]
+    same = (
+        decision is not None
+        and decision.verdict == "equal"
+        and decision.chosen is None
+        and fast.speculative is None
+        and fast.quantize is None
+        and fast.model == standard.model
+    )
+    if not (same and settings.tuning.share_engines_when_equal):
+        return settings
+    both = [urls[Tier.STANDARD], urls[Tier.FAST]]
+    tiers = {
+        tier: pool.model_copy(update={"endpoints": both if tier is Tier.STANDARD else both[::-1]})
+        for tier, pool in settings.tiers.items()
+    }
+    _say("no faster recipe here: both engines serve both tiers (tuning.share_engines_when_equal)")
+    return settings.model_copy(update={"tiers": tiers})
+
+
 def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
     url = f"http://{profile.host}:{profile.port}"
     log = log_dir / f"vllm-{tier.value}.log"
@@ -160,6 +186,12 @@ def run_local_stack(
         wait_ready([fast], progress=_say)
         _supervise_engine(supervisor, fast, plan.profile)
         verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
+        settings = shared_pools(
+            settings,
+            plan.decision,
+            plan.profile,
+            {Tier.STANDARD: standard.url, Tier.FAST: fast.url},
+        )
         if all(e.proc is not None for e in engines) and all(
             p.scheduling_policy == "priority" for p in (standard_profile, plan.profile)
         ):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
@@ -166,3 +168,32 @@ def test_tiers_endpoint_without_a_decision_says_so(fakes: list[FakeVllm]) -> Non
         assert body["decision"] is None
         assert [t["service_tier"] for t in body["data"]] == ["default", "priority"]
         assert "tiergate_tier_recipe_info" not in httpx.get(f"{base}/metrics").text
+
+
+def test_engines_shared_by_both_tiers_both_take_a_standard_backlog(
+    fakes: list[FakeVllm],
+) -> None:
+    """tuning.share_engines_when_equal: with the fast tier running the standard
+    configuration, both tiers list both engines; eight concurrent standard requests then
+    run on both instead of queueing on one while the other idles."""
+    shared = [fakes[0].url, fakes[2].url]
+    for fake in (fakes[0], fakes[2]):
+        fake.behaviour.slots = 2
+        fake.behaviour.delay_per_prompt_char = 0.05
+    with running_gateway(gateway_settings(shared, shared[::-1])) as base:
+
+        def one(_: int) -> int:
+            body = {**CHAT, "service_tier": "default"}
+            return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, range(8))) == [200] * 8
+        assert fakes[0].record.requests >= 2 and fakes[2].record.requests >= 2, (
+            fakes[0].record.requests,
+            fakes[2].record.requests,
+        )
+        tiers = httpx.get(f"{base}/v1/tiers").json()["data"]
+        assert [t["engines"] for t in tiers] == ["shared by both tiers"] * 2
+    with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
+        tiers = httpx.get(f"{base}/v1/tiers").json()["data"]
+        assert [t["engines"] for t in tiers] == ["its own"] * 2

@@ -184,3 +184,25 @@ def test_a_budget_too_small_for_any_candidate_falls_back_and_says_why(tmp_path: 
     assert decision.chosen is None and decision.verdict == "equal"
     assert TierDecision.load(tmp_path / "decision.json") == decision
     assert "standard configuration" in (tmp_path / "decision.md").read_text()
+
+
+def test_the_engines_serve_both_tiers_only_when_the_fast_tier_runs_the_standard_one(
+    tmp_path: Path,
+) -> None:
+    from tiergate.stack import shared_pools
+
+    settings = _settings(tmp_path)
+    urls = {Tier.STANDARD: "http://127.0.0.1:8101", Tier.FAST: "http://127.0.0.1:8102"}
+    fast = settings.profiles[Tier.FAST]
+    same = _decision(settings, hardware_fingerprint()).model_copy(update={"chosen": None})
+    shared = shared_pools(settings, same, fast, urls)
+    assert shared.tiers[Tier.STANDARD].endpoints == [urls[Tier.STANDARD], urls[Tier.FAST]]
+    assert shared.tiers[Tier.FAST].endpoints == [urls[Tier.FAST], urls[Tier.STANDARD]]
+    # A recipe that differs (a lossless speculative one refuses min_p), a faster one, or
+    # the setting off: each tier keeps its own engine.
+    for decision, profile, kept in (
+        (same.model_copy(update={"chosen": LOSSLESS}), fast, settings),
+        (same.model_copy(update={"verdict": "faster"}), fast, settings),
+        (same, fast, load_settings(tuning={"share_engines_when_equal": False})),
+    ):
+        assert shared_pools(kept, decision, profile, urls).tiers == kept.tiers

@@ -143,8 +143,11 @@ def create_app(settings: Settings) -> FastAPI:
             {tier: bool(settings.tiers[tier].long_context_endpoints) for tier in Tier},
         )
         metrics.registry.register(AdmissionCollector(admission, limiter))
+        listed = [set(settings.tiers[t].endpoints) for t in (Tier.STANDARD, Tier.FAST)]
         evidence = TierEvidence(
-            settings.gateway.tier_evidence_file, settings.policy.engine_priorities
+            settings.gateway.tier_evidence_file,
+            settings.policy.engine_priorities,
+            shared_engines=bool(listed[0]) and listed[0] == listed[1],
         )
         metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(

@@ -18,9 +18,13 @@ from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, JOB_URGENCY, PRIORITY_
 class TierEvidence:
     """The decision at ``path`` (``None``: the tiers run what they were configured with)."""
 
-    def __init__(self, path: str | None, engine_priorities: bool = False) -> None:
+    def __init__(
+        self, path: str | None, engine_priorities: bool = False, shared_engines: bool = False
+    ) -> None:
         self._path = Path(path) if path else None
         self._engine_priorities = engine_priorities
+        # Both tiers' pools list the same engines (tuning.share_engines_when_equal).
+        self._shared = shared_engines
         self._stamp: tuple[int, int] | None = None
         self._decision: TierDecision | None = None
 
@@ -50,6 +54,8 @@ class TierEvidence:
             "service_tier": Tier.FAST.openai_name,
         }
         scheduling = self.scheduling()
+        engines = "shared by both tiers" if self._shared else "its own"
+        standard["engines"] = fast["engines"] = engines
         if decision is None:
             fast["runs"] = "as configured (no tuner decision is published by this gateway)"
             return {
