@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.servers import gateway_settings, running_gateway
 from tiergate.bench.gateway import run_gateway_benchmark
+from tiergate.bench.tiers import PLAIN, bench_tiers, render_tiers
 
 
 def test_benchmark_writes_a_side_by_side_report(tmp_path: Path) -> None:
@@ -35,3 +38,18 @@ def test_benchmark_writes_a_side_by_side_report(tmp_path: Path) -> None:
     markdown = (tmp_path / "gateway-bench.md").read_text()
     assert "vllm-router" in markdown and report["cpu_model"] in markdown
     assert any("run 1/1" in line for line in lines)
+
+
+def test_the_tier_benchmark_measures_a_plain_vllm_in_the_same_turns(
+    fakes: list[FakeVllm],
+) -> None:
+    """Fakes stand in for the engines: the machinery, not the figures."""
+    with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
+        result = bench_tiers(base, MODEL, [], [1, 2], 2, 8, rounds=3, plain=fakes[1].url)
+    assert list(result["tiers"]) == ["standard", "fast", PLAIN]
+    assert set(result["vs_plain"]) == {"1", "2"}
+    assert set(result["vs_plain"]["2"]) == {"standard", "fast"}
+    # Each turn measured every target: the plain server was asked directly.
+    assert fakes[1].record.requests == fakes[0].record.requests == fakes[2].record.requests > 0
+    markdown = render_tiers(result, "tiergate bench tiers --plain-vllm URL")
+    assert "plain `vllm serve`" in markdown and "| plain vllm | 2 |" in markdown

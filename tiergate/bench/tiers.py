@@ -63,6 +63,9 @@ def _fast_recipe(gateway: str) -> str:
         return "unknown"
 
 
+PLAIN = "plain vllm"
+
+
 def bench_tiers(
     gateway: str,
     model: str,
@@ -71,11 +74,21 @@ def bench_tiers(
     requests: int,
     max_tokens: int,
     rounds: int = 2,
+    plain: str | None = None,
 ) -> dict[str, Any]:
-    """Both tiers at each level, interleaved: ``rounds`` alternating batches per tier, so that
-    a slow minute of this shared machine does not land on one tier only."""
+    """Both tiers at each level, interleaved: ``rounds`` batches per tier in turn (the
+    order rotating), so that a slow minute of this shared machine does not land on one tier
+    only. ``plain``: the URL of a plain ``vllm serve`` of the same model, measured directly
+    in the same turns, and each tier's speed as a ratio of its."""
     url = f"{gateway.rstrip('/')}/v1/chat/completions"
-    tiers = (("standard", "default"), ("fast", "priority"))
+    targets: list[tuple[str, str, str | None]] = [
+        ("standard", url, "default"),
+        ("fast", url, "priority"),
+    ]
+    if plain is not None:
+        targets.append((PLAIN, f"{plain.rstrip('/')}/v1/chat/completions", None))
+    tiers = [(name, word) for name, _, word in targets]
+    urls = {name: target for name, target, _ in targets}
     results: dict[str, Any] = {
         "hardware": hardware_fingerprint(),
         "fast_recipe": _fast_recipe(gateway),
@@ -89,14 +102,14 @@ def bench_tiers(
         per_round = max(requests, level) // rounds or 1
         collected: dict[str, tuple[list[Sample], float]] = {t: ([], 0.0) for t, _ in tiers}
         for round_ in range(rounds):
-            for tier, word in tiers if round_ % 2 == 0 else tiers[::-1]:
+            for tier, word in tiers[round_ % len(tiers) :] + tiers[: round_ % len(tiers)]:
                 _say(
                     f"{tier}: concurrency {level}, round {round_ + 1}/{rounds}, "
                     f"{max(per_round, level)} requests"
                 )
                 before = _scrape(fast_engines) if tier == "fast" and fast_engines else None
                 samples, wall = asyncio.run(
-                    run_level(url, model, word, level, max(per_round, level), max_tokens)
+                    run_level(urls[tier], model, word, level, max(per_round, level), max_tokens)
                 )
                 if before is not None:
                     after = _scrape(fast_engines)
@@ -116,6 +129,16 @@ def bench_tiers(
         }
         for level in levels
     }
+    if plain is not None:
+        # Output speed against the plain server's: its median TPOT over the tier's.
+        results["vs_plain"] = {
+            str(level): {
+                tier: results["tiers"][PLAIN][str(level)]["tpot_p50_ms"]
+                / max(1e-9, results["tiers"][tier][str(level)]["tpot_p50_ms"])
+                for tier in ("standard", "fast")
+            }
+            for level in levels
+        }
     return results
 
 
@@ -152,6 +175,15 @@ def render_tiers(r: dict[str, Any], command: str) -> str:
             f"| {level} | {1 / ratio['tpot_p50_ms']:.2f}x | "
             f"{ratio['aggregate_tokens_per_s']:.2f}x |"
         )
+    if "vs_plain" in r:
+        rows += [
+            "",
+            "| concurrency | standard tier / plain `vllm serve` (output speed) | "
+            "fast tier / plain `vllm serve` |",
+            "|---|---|---|",
+        ]
+        for level, ratio in r["vs_plain"].items():
+            rows.append(f"| {level} | {ratio['standard']:.2f}x | {ratio['fast']:.2f}x |")
     if "acceptance" in r:
         a = r["acceptance"]
         rows += [
@@ -175,9 +207,12 @@ def chart(r: dict[str, Any], path: Path) -> None:
         (axes[0], "per_request_tokens_per_s_p50", "per-request tokens/s"),
         (axes[1], "aggregate_tokens_per_s", "aggregate tokens/s"),
     ):
-        for offset, tier in ((-0.2, "standard"), (0.2, "fast")):
+        names = list(r["tiers"])
+        width = 0.8 / len(names)
+        for n, tier in enumerate(names):
             values = [r["tiers"][tier][lv][key] for lv in levels]
-            ax.bar([i + offset for i in range(len(levels))], values, width=0.4, label=tier)
+            offset = (n - (len(names) - 1) / 2) * width
+            ax.bar([i + offset for i in range(len(levels))], values, width=width, label=tier)
         ax.set_xticks(range(len(levels)), [f"c={lv}" for lv in levels])
         ax.set_title(title)
         ax.legend()

@@ -69,16 +69,45 @@ def bench_tiers_cmd(
     requests: Annotated[int, typer.Option(help="Requests per level (at least the level)")] = 8,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request")] = 128,
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    plain_vllm: Annotated[
+        str | None,
+        typer.Option(
+            help="Also measure a plain `vllm serve` of the model: its URL, or 'start' to start "
+            "one with vLLM's defaults on the standard tier's cores for the run"
+        ),
+    ] = None,
 ) -> None:
     """Both tiers through the gateway at several concurrencies; Markdown, JSON and PNG."""
+    import contextlib
 
+    from tiergate.bench.plainvllm import plain_vllm as start_plain
     from tiergate.bench.report import write_report
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
+    from tiergate.engine.process import healthy
+    from tiergate.settings import default_cache_dir
 
     settings = settings_or_exit()
     fast = [*settings.tiers[Tier.FAST].endpoints]
-    result = bench_tiers(gateway, model, fast, levels, requests, max_tokens)
+    with contextlib.ExitStack() as stack:
+        plain = plain_vllm
+        if plain == "start":
+            port = 8199
+            if healthy(f"http://127.0.0.1:{port}"):
+                raise typer.BadParameter(f"port {port} already serves something")
+            log = default_cache_dir() / "logs" / "vllm-plain.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            plain = stack.enter_context(
+                start_plain(
+                    settings.profiles[Tier.STANDARD],
+                    port,
+                    log,
+                    lambda m: typer.echo(f"[bench tiers] {m}", err=True),
+                )
+            )
+        result = bench_tiers(gateway, model, fast, levels, requests, max_tokens, plain=plain)
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
+    if plain_vllm is not None:
+        command += f" --plain-vllm {plain_vllm}"
     write_report(out, "tiers-bench", result, render_tiers(result, command))
     chart(result, out / "tiers-bench.png")
 
