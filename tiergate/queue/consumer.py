@@ -37,7 +37,7 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import InconsistentGroupProtocolError, KafkaError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from tiergate.queue.offsets import OffsetBook
 
@@ -67,11 +67,9 @@ class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
         self._owner = owner
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        self._owner.joined = False  # a rebalance: what this member owns is not known
         self._owner.revocations.put(list(revoked))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self._owner.joined = True
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
 
 
@@ -110,9 +108,10 @@ class JobConsumer:
         self._last_record = time.monotonic()
         self._next_steal = 0.0
         self.assigned: frozenset[TopicPartition] = frozenset()  # as of the last poll
-        # A generation joined and its assignment known: before that, ``assigned`` is empty
-        # and a partition stolen from could be this member's own (its record then comes
-        # again from the poll), so there is no stealing.
+        # The member is in a stable generation, its assignment known (kafka-python calls
+        # the listener only for partitions added, so a member given none hears nothing):
+        # before that ``assigned`` is empty and a partition stolen from could be this
+        # member's own (its record then comes again from the poll), so there is no stealing.
         self.joined = False
         self.revocations: queue.Queue[list[TopicPartition]] = queue.Queue()
         self._running = 0
@@ -171,6 +170,7 @@ class JobConsumer:
                 self._forget_revoked()
                 with contextlib.suppress(KafkaError, AssertionError):
                     self.assigned = frozenset(consumer.assignment())
+                self.joined = _stable(consumer)
                 for tp, records in polled.items():
                     for record in records:
                         self._book.take(tp, record.offset)
@@ -313,3 +313,12 @@ class JobConsumer:
     @property
     def running(self) -> int:
         return self._running
+
+
+def _stable(consumer: KafkaConsumer) -> bool:
+    """The consumer is a member of a stable generation (kafka-python's group metadata)."""
+    try:
+        meta = consumer.group_metadata()
+    except Exception:  # an older client, or one closing
+        return False
+    return bool(meta.state == MemberState.STABLE and meta.generation_id >= 0)
