@@ -33,3 +33,10 @@ def map_body(context: Any, body: Any) -> Any:
             digest = zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode())
             body["stream"] = digest % 2 == 0
     return body
+
+
+@schemathesis.serializer("application/jsonl")
+def jsonl(context: Any, value: Any) -> bytes:
+    """A tasks file (POST /v1/jobs/batches/tasks): each generated item as one JSON line."""
+    items = value if isinstance(value, list) else [value]
+    return b"".join(json.dumps(item, default=str).encode() + b"\n" for item in items)

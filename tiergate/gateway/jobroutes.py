@@ -69,7 +69,15 @@ def register_job_routes(app: FastAPI) -> None:
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/jsonl": {"schema": {"type": "string"}}},
+                # JSON lines: one task (BatchTask) a line.
+                "content": {
+                    "application/jsonl": {
+                        "schema": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/BatchTask"},
+                        }
+                    }
+                },
             }
         },
     )
