@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,12 @@ class JobConsumer:
         self._consumer: KafkaConsumer | None = None
         self._steal = steal
         self._steal_after = steal_after
+        # The look at the others' partitions runs in a thread of its own: it takes a new
+        # client and seconds of fetches, and this thread must keep polling meanwhile (a
+        # member that polls late joins a rebalance late, and the whole group waits for it:
+        # in a churning fleet the group then never settled, bench jobs --batch).
+        self._looking: Future[list[tuple[TopicPartition, int, bytes]]] | None = None
+        self._lookout: ThreadPoolExecutor | None = None
         self._last_record = time.monotonic()
         self._next_steal = 0.0
         self.assigned: frozenset[TopicPartition] = frozenset()  # as of the last poll
@@ -181,6 +188,8 @@ class JobConsumer:
                 self._commit(consumer)
             self._drain(consumer, drain_deadline(), abandon)
         finally:
+            if self._lookout is not None:
+                self._lookout.shutdown(wait=False, cancel_futures=True)
             for inbox in self._inboxes:
                 inbox.put(None)
             try:
@@ -202,7 +211,24 @@ class JobConsumer:
         return self._consumer
 
     def _take_over(self, consumer: KafkaConsumer) -> None:
-        """Idle with a free slot: run queued jobs of busy workers' partitions."""
+        """Idle with a free slot: run queued jobs of busy workers' partitions (found by a
+        look in the background; what it found by the time it answers is taken if this
+        member is still idle, and the run lease settles any race with the owner)."""
+        if self._looking is not None:
+            if not self._looking.done():
+                return
+            looked, self._looking = self._looking, None
+            try:
+                found = looked.result()
+            except Exception as exc:  # a look that failed finds nothing
+                log.debug("no look at the others' partitions: %r", exc)
+                found = []
+            for tp, offset, value in found:
+                if not self._free or self._waiting or not self.joined:
+                    break
+                if tp not in self.assigned:
+                    self._give(Work(0.0, tp, offset, value, stolen=True))
+            return
         now = time.monotonic()
         if (
             self._steal is None
@@ -215,10 +241,9 @@ class JobConsumer:
         ):
             return
         self._next_steal = now + self._steal_after
-        for tp, offset, value in self._steal(len(self._free), set(self.assigned)):
-            if not self._free:
-                break
-            self._give(Work(0.0, tp, offset, value, stolen=True))
+        if self._lookout is None:
+            self._lookout = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steal")
+        self._looking = self._lookout.submit(self._steal, len(self._free), set(self.assigned))
 
     def _flow(self, consumer: KafkaConsumer) -> None:
         """Pause every partition while no slot is free; resume them when one is."""
