@@ -155,6 +155,11 @@ def test_changed_inputs_or_a_corrupt_file_mean_tuning_again(tmp_path: Path) -> N
         tuning={"decision_file": str(tmp_path / "decision.json"), "min_speedup": 1.3}
     )
     assert tuner.current_decision(other) is None
+    # A setting of how the decision is served, not measured, keeps it.
+    serving = load_settings(
+        tuning={"decision_file": str(tmp_path / "decision.json"), "share_engines_when_equal": False}
+    )
+    assert tuner.current_decision(serving) is not None
     settings.tuning.decision_path().write_text("{not json")
     assert tuner.current_decision(settings) is None
 

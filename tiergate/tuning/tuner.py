@@ -54,7 +54,10 @@ def inputs_digest(settings: Settings) -> str:
     """What the decision answers for besides the hardware: the standard checkpoint, the
     candidates, the thresholds and the way speed is measured."""
     standard = settings.profiles[Tier.STANDARD]
-    tuning = settings.tuning.model_dump(mode="json", exclude={"decision_file", "budget_seconds"})
+    # What serves the decision, not what it measures, is left out (a new such setting must
+    # not make every installation tune again).
+    serving = {"decision_file", "budget_seconds", "share_engines_when_equal"}
+    tuning = settings.tuning.model_dump(mode="json", exclude=serving)
     return digest(
         {
             "standard": [standard.model, standard.dtype, standard.enforce_eager],
