@@ -106,10 +106,16 @@ def bench_tiers_cmd(
             )
         result = bench_tiers(gateway, model, fast, levels, requests, max_tokens, plain=plain)
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
+    command += f" --requests {requests} --max-tokens {max_tokens}"
     if plain_vllm is not None:
         command += f" --plain-vllm {plain_vllm}"
     write_report(out, "tiers-bench", result, render_tiers(result, command))
-    chart(result, out / "tiers-bench.png")
+    try:
+        chart(result, out / "tiers-bench.png")
+    except ModuleNotFoundError:  # the chart is the bench extra's (pip install tiergate[bench])
+        typer.echo(
+            "[bench tiers] no chart: matplotlib is not installed (tiergate[bench])", err=True
+        )
 
 
 @bench_app.command("jobs")
