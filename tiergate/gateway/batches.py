@@ -48,7 +48,11 @@ class BatchesAPI:
         body = parse_body(await read_body(request, self._max_body_bytes))
         try:
             spec = BatchCreate.model_validate(body)
+            headers: dict[str, str] | None = None
             if spec.tasks_upload_id:
+                # Counted and capped before the file (up to jobs.max_batch_tasks_bytes) is
+                # read and parsed: many parallel creates naming it must not each cost that.
+                headers = await self._admit(caller)
                 tasks = await self._uploaded_tasks(caller, spec.tasks_upload_id)
                 spec = BatchCreate.model_validate(
                     {
@@ -90,17 +94,8 @@ class BatchesAPI:
                 code="batch_too_large",
             )
         await self._check_uploads(caller, spec)
-        headers = await self._jobs.count(caller)
-        limit = self._settings.max_active_batches
-        if await self._jobs.storage(self._batches.active_of, caller.name, limit) >= limit:
-            raise OpenAIError(
-                429,
-                f"This key has {limit} unfinished batches, its limit "
-                "(jobs.max_active_batches); wait for one to finish or cancel one.",
-                code="too_many_batches",
-                type_="rate_limit_error",
-                headers={"retry-after": "30", **headers},
-            )
+        if headers is None:
+            headers = await self._admit(caller)
         now = int(time.time())
         batch = Batch(
             id=f"batch_{uuid.uuid4().hex}",
@@ -113,6 +108,22 @@ class BatchesAPI:
         cap = self._jobs.outstanding_cap(caller)
         await self._jobs.storage(self._batches.create, batch, spec, cap)
         return json_response(batch.public(), headers=headers)
+
+    async def _admit(self, caller: Caller) -> dict[str, str]:
+        """Count the create against the key's requests per minute (429 when over) and its
+        unfinished batches against jobs.max_active_batches (429); the rate-limit headers."""
+        headers = await self._jobs.count(caller)
+        limit = self._settings.max_active_batches
+        if await self._jobs.storage(self._batches.active_of, caller.name, limit) >= limit:
+            raise OpenAIError(
+                429,
+                f"This key has {limit} unfinished batches, its limit "
+                "(jobs.max_active_batches); wait for one to finish or cancel one.",
+                code="too_many_batches",
+                type_="rate_limit_error",
+                headers={"retry-after": "30", **headers},
+            )
+        return headers
 
     async def upload_tasks(self, request: Request) -> Response:
         """A tasks file (tiergate.gateway.taskfile), received as a workspace upload is."""
