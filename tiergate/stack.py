@@ -110,7 +110,7 @@ def _supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfi
 def run_local_stack(
     settings: Settings,
     *,
-    compile_engines: bool = False,
+    eager_engines: bool = False,
     jobs: bool = True,
     default_environment: Path | None,
 ) -> int:
@@ -128,9 +128,9 @@ def run_local_stack(
     from tiergate.gateway.serving import uvicorn_options
     from tiergate.quant.prepare import prepare_profile_model
 
-    if compile_engines:
+    if eager_engines:
         profiles = {
-            tier: p.model_copy(update={"enforce_eager": False})
+            tier: p.model_copy(update={"enforce_eager": True})
             for tier, p in settings.profiles.items()
         }
         settings = settings.model_copy(update={"profiles": profiles})

@@ -39,8 +39,13 @@ def test_the_tuner_measures_decides_and_the_gateway_shows_it(
             "decision_file": str(tmp_path / "tier-decision.json"),
         }
     )
+    # The session's engines run eager, so the tiers here serve eager: the candidate is
+    # measured in that mode beside the running standard engine, and not again.
+    eager = {t: p.model_copy(update={"enforce_eager": True}) for t, p in settings.profiles.items()}
+    settings = settings.model_copy(update={"profiles": eager})
     progress: list[str] = []
     decision = tuner.Tuner(settings, progress.append).run(vllm_servers[Tier.STANDARD].url)
+    assert decision.engine_mode == "eager" and decision.screening_mode is None
 
     assert TierDecision.load(tmp_path / "tier-decision.json") == decision
     assert (tmp_path / "tier-decision.md").read_text().startswith("# Tier decision")

@@ -146,11 +146,11 @@ def worker() -> None:
 
 
 def up(
-    compile_engines: Annotated[
+    eager_engines: Annotated[
         bool,
         typer.Option(
-            "--compile",
-            help="torch.compile both engines (slower starts; the tuning then compiles too)",
+            "--eager",
+            help="eager engines: quicker first starts (no compile), slower serving",
         ),
     ] = False,
     jobs: Annotated[
@@ -179,7 +179,7 @@ def up(
     settings = settings_or_exit()
     code = run_local_stack(
         settings,
-        compile_engines=compile_engines,
+        eager_engines=eager_engines,
         jobs=jobs,
         default_environment=SHIPPED_MANIFEST if default_environment else None,
     )

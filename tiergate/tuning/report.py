@@ -12,6 +12,15 @@ def _speeds(values: dict[str, float], fmt: str) -> str:
     return " / ".join(fmt.format(values[k]) for k in sorted(values, key=int)) or "-"
 
 
+def _speed_cell(r: CandidateResult, screening_mode: str | None) -> str:
+    speeds = _speeds(r.speedup, "{:.2f}x")
+    if not r.screened_speedup:
+        return speeds
+    return (
+        f"{speeds} as served (screened {screening_mode}: {_speeds(r.screened_speedup, '{:.2f}x')})"
+    )
+
+
 def _parity(r: CandidateResult) -> str:
     if r.parity is None:
         return "not judged"
@@ -34,7 +43,13 @@ def render_decision(d: TierDecision) -> str:
         "",
         f"Measured {when} in {d.seconds:.0f} s on {f['cpu']} ({f['cores']} cores; ISA "
         f"{f['isa']}; GPU {f['gpu']}), vLLM {f['vllm']}, torch {f['torch']}, "
-        f"{d.engine_mode} engines.",
+        f"{d.engine_mode} engines"
+        + (
+            f" (candidates screened with {d.screening_mode} engines; a recipe the choice "
+            f"landed on was measured again {d.engine_mode}, and its speedup shown is that)."
+            if d.screening_mode
+            else "."
+        ),
         "",
         f"| candidate | status | speedup at concurrency {' / '.join(levels)} "
         "| TPOT ms (standard -> candidate) | acceptance | parity |",
@@ -51,6 +66,6 @@ def render_decision(d: TierDecision) -> str:
         acceptance = f"{r.acceptance_rate:.2f}" if r.acceptance_rate is not None else "-"
         lines.append(
             f"| {r.recipe.name} | {r.status}{f' ({r.note})' if r.note else ''} | "
-            f"{_speeds(r.speedup, '{:.2f}x')} | {tpot} | {acceptance} | {_parity(r)} |"
+            f"{_speed_cell(r, d.screening_mode)} | {tpot} | {acceptance} | {_parity(r)} |"
         )
     return "\n".join([*lines, ""])

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -34,9 +34,10 @@ from tiergate.quant.parity import (
 from tiergate.settings import Recipe, Settings, TierProfile, default_cache_dir
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
-from tiergate.tuning.decide import choose, worth_judging
+from tiergate.tuning.decide import Choice, choose, worth_judging
 from tiergate.tuning.profiles import recipe_profile
 from tiergate.tuning.report import render_decision
+from tiergate.tuning.served import AsServed, mode_of, screening_settings, standard_engine
 from tiergate.tuning.speed import measure_speed
 
 Progress = Callable[[str], None]
@@ -56,12 +57,19 @@ def inputs_digest(settings: Settings) -> str:
     standard = settings.profiles[Tier.STANDARD]
     # What serves the decision, not what it measures, is left out (a new such setting must
     # not make every installation tune again).
-    serving = {"decision_file", "budget_seconds", "share_engines_when_equal"}
+    serving = {
+        "decision_file",
+        "budget_seconds",
+        "seconds_per_candidate",
+        "share_engines_when_equal",
+        "screen_eager",
+    }
     tuning = settings.tuning.model_dump(mode="json", exclude=serving)
     return digest(
         {
             "standard": [standard.model, standard.dtype, standard.enforce_eager],
             "fast_eager": settings.profiles[Tier.FAST].enforce_eager,
+            "screen_eager": settings.tuning.screen_eager,
             "tuning": tuning,
             "parity": ParityThresholds().model_dump(),
         }
@@ -80,20 +88,6 @@ def current_decision(settings: Settings) -> TierDecision | None:
     return decision
 
 
-@contextmanager
-def _standard_engine(
-    settings: Settings, url: str | None, logs: Path, progress: Progress
-) -> Iterator[Engine]:
-    profile = settings.profiles[Tier.STANDARD]
-    if url is not None:
-        yield Engine("standard", url.rstrip("/"), profile.served_model_name, None)
-        return
-    profile = profile.model_copy(update={"port": free_ports()[0]})
-    progress(f"starting the standard engine on cores {profile.cpu_cores}")
-    with launched("standard", profile, logs / "tune-standard.log", progress=progress) as engine:
-        yield engine
-
-
 class Tuner:
     """One tuning run over the settings' candidates."""
 
@@ -109,29 +103,46 @@ class Tuner:
         self._measured_once = self._judged_once = False
 
     def _left(self) -> float:
-        return self.tuning.budget_seconds - (time.monotonic() - self._started)
+        return self.tuning.budget() - (time.monotonic() - self._started)
 
     def run(self, standard_url: str | None = None) -> TierDecision:
+        """Screen every candidate (eager engines with ``tuning.screen_eager``), choose,
+        measure the choice again as served when the screening mode differs, write the
+        decision. ``standard_url``: a running standard engine of the serving mode."""
         self._started = started = time.monotonic()
         fingerprint = hardware_fingerprint()
+        screen = screening_settings(self.settings)
         self.progress(
             f"tuning the fast tier on {fingerprint['cpu']} ({fingerprint['cores']} cores, "
             f"{fingerprint['isa']}); {len(self.tuning.candidates)} candidates, budget "
-            f"{self.tuning.budget_seconds:.0f}s"
+            f"{self.tuning.budget():.0f}s, screened with {mode_of(screen)} engines"
         )
         logs = default_cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         results: list[CandidateResult] = []
-        with _standard_engine(self.settings, standard_url, logs, self.progress) as standard:
+        reuse = standard_url if screen is self.settings else None
+        with ExitStack() as stack:
+            standard: Engine | None = None  # started for the first candidate that runs
             for index, recipe in enumerate(self.tuning.candidates, 1):
                 if self._measure_seconds > self._left():
-                    self.progress(f"[{index}] {recipe.name}: skipped (budget)")
-                    results.append(
-                        CandidateResult(recipe=recipe, status="skipped", note="tuning budget")
+                    why = (
+                        f"tuning budget: {max(0.0, self._left()):.0f} s left of "
+                        f"{self.tuning.budget():.0f}, a candidate took up to "
+                        f"{self._measure_seconds:.0f} s"
                     )
+                    self.progress(f"[{index}] {recipe.name}: skipped ({why})")
+                    results.append(CandidateResult(recipe=recipe, status="skipped", note=why))
                     continue
+                if standard is None:
+                    standard = stack.enter_context(
+                        standard_engine(screen, reuse, logs, self.progress)
+                    )
                 self.progress(f"[{index}/{len(self.tuning.candidates)}] {recipe.name}")
-                results.append(self._candidate(recipe, standard, results, logs))
+                results.append(self._candidate(recipe, standard, results, logs, screen))
+        if screen is not self.settings:
+            results = AsServed(self.settings, standard_url, logs, self.progress).confirm(
+                results, self._choose
+            )
         decision = self._decide(results, fingerprint, time.monotonic() - started)
         path = self.tuning.decision_path()
         decision.save(path)
@@ -145,8 +156,9 @@ class Tuner:
         standard: Engine,
         earlier: list[CandidateResult],
         logs: Path,
+        screen: Settings,
     ) -> CandidateResult:
-        fast = self.settings.profiles[Tier.FAST]
+        fast = screen.profiles[Tier.FAST]
         t0 = time.monotonic()
         try:
             profile = recipe_profile(
@@ -252,12 +264,15 @@ class Tuner:
     def _primary(self) -> str:
         return str(min(self.tuning.levels))
 
+    def _choose(self, results: list[CandidateResult]) -> Choice:
+        return choose(
+            results, self.tuning.min_speedup, self.tuning.min_speedup_any_level, self._primary()
+        )
+
     def _decide(
         self, results: list[CandidateResult], fingerprint: dict[str, str], seconds: float
     ) -> TierDecision:
-        choice = choose(
-            results, self.tuning.min_speedup, self.tuning.min_speedup_any_level, self._primary()
-        )
+        choice = self._choose(results)
         marked = []
         for r in results:
             status = r.status
@@ -266,14 +281,16 @@ class Tuner:
             elif r.parity is not None:
                 status = "passed" if r.parity.passed else "failed parity"
             marked.append(r.model_copy(update={"status": status}))
-        eager = self.settings.profiles[Tier.FAST].enforce_eager
+        served = mode_of(self.settings)
+        screened = mode_of(screening_settings(self.settings))
         return TierDecision(
             fingerprint=fingerprint,
             fingerprint_digest=digest(fingerprint),
             inputs_digest=inputs_digest(self.settings),
             decided_at=time.time(),
             seconds=round(seconds, 1),
-            engine_mode="eager" if eager else "compiled",
+            engine_mode=served,
+            screening_mode=screened if screened != served else None,
             chosen=choice.recipe,
             verdict=choice.verdict,
             reason=choice.reason,

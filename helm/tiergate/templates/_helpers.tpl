@@ -363,6 +363,8 @@ profiles:
 {{- end }}
 tuning:
   budget_seconds: {{ $t.budgetSeconds }}
+  # The Job's engines measure in the mode the fast tier's pods serve in (tuning.enforceEager).
+  screen_eager: false
 {{- end -}}
 
 {{/* Environment the gateway and the workers share for jobs: Kafka's SASL credentials and
