@@ -153,6 +153,9 @@ class GatewaySettings(_Section):
     # The tuner's decision (what each tier runs and the evidence), shown at /v1/tiers and in
     # /metrics; the local stack points this at the decision it serves.
     tier_evidence_file: str | None = None
+    # How each tier's engines run ("compiled" or "eager"), shown at /v1/tiers; the local
+    # stack fills it from the profiles it started. Unset: not claimed.
+    engine_modes: dict[Tier, Literal["compiled", "eager"]] = Field(default_factory=dict)
     # /metrics names every key and every engine address: by default it is served only on a
     # second listener (this port, on ``metrics_host`` or else ``host``; same process and
     # registry; None: no such listener), and the serving port answers 404 for it unless

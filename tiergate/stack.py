@@ -176,12 +176,21 @@ def run_local_stack(
         )
         if isinstance(plan, Waiting):  # not while it may tune: for the type checker
             raise RuntimeError(plan.reason)
-        if plan.decision is not None:  # the gateway then shows the decision's evidence
-            gateway = settings.gateway.model_copy(
-                update={"tier_evidence_file": str(settings.tuning.decision_path())}
-            )
-            settings = settings.model_copy(update={"gateway": gateway})
         fast = _engine(Tier.FAST, plan.profile, log_dir)
+        # What this stack started it can vouch for; an engine found running may run anyhow.
+        modes = {
+            tier: "eager" if p.enforce_eager else "compiled"
+            for tier, p, e in (
+                (Tier.STANDARD, standard_profile, standard),
+                (Tier.FAST, plan.profile, fast),
+            )
+            if e.proc is not None
+        }
+        shown: dict[str, object] = {"engine_modes": {**modes, **settings.gateway.engine_modes}}
+        if plan.decision is not None:  # the gateway then shows the decision's evidence
+            shown["tier_evidence_file"] = str(settings.tuning.decision_path())
+        gateway = settings.gateway.model_copy(update=shown)
+        settings = settings.model_copy(update={"gateway": gateway})
         engines.append(fast)
         wait_ready([fast], progress=_say)
         _supervise_engine(supervisor, fast, plan.profile)

@@ -194,6 +194,9 @@ def test_engines_shared_by_both_tiers_both_take_a_standard_backlog(
         )
         tiers = httpx.get(f"{base}/v1/tiers").json()["data"]
         assert [t["engines"] for t in tiers] == ["shared by both tiers"] * 2
-    with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
+        assert all("engine_mode" not in t for t in tiers)  # not configured: not claimed
+    modes = {"engine_modes": {"standard": "compiled", "fast": "eager"}}
+    with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url], gateway=modes)) as base:
         tiers = httpx.get(f"{base}/v1/tiers").json()["data"]
         assert [t["engines"] for t in tiers] == ["its own"] * 2
+        assert [t["engine_mode"] for t in tiers] == ["compiled", "eager"]

@@ -148,6 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings.gateway.tier_evidence_file,
             settings.policy.engine_priorities,
             shared_engines=bool(listed[0]) and listed[0] == listed[1],
+            engine_modes=settings.gateway.engine_modes,
         )
         metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(

@@ -4,7 +4,7 @@ operators (``/metrics``): read from the tuner's decision file, re-read when it c
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,17 @@ class TierEvidence:
     """The decision at ``path`` (``None``: the tiers run what they were configured with)."""
 
     def __init__(
-        self, path: str | None, engine_priorities: bool = False, shared_engines: bool = False
+        self,
+        path: str | None,
+        engine_priorities: bool = False,
+        shared_engines: bool = False,
+        engine_modes: Mapping[Tier, str] | None = None,
     ) -> None:
         self._path = Path(path) if path else None
         self._engine_priorities = engine_priorities
         # Both tiers' pools list the same engines (tuning.share_engines_when_equal).
         self._shared = shared_engines
+        self._modes = dict(engine_modes or {})
         self._stamp: tuple[int, int] | None = None
         self._decision: TierDecision | None = None
 
@@ -56,6 +61,9 @@ class TierEvidence:
         scheduling = self.scheduling()
         engines = "shared by both tiers" if self._shared else "its own"
         standard["engines"] = fast["engines"] = engines
+        for tier, body in ((Tier.STANDARD, standard), (Tier.FAST, fast)):
+            if tier in self._modes:
+                body["engine_mode"] = self._modes[tier]
         if decision is None:
             fast["runs"] = "as configured (no tuner decision is published by this gateway)"
             return {
