@@ -48,6 +48,9 @@ class FakeBehaviour:
     # chunk comes this long after the last content chunk.
     chunk_chars: int = 0
     usage_delay: float = 0.0
+    # Like an engine started with vLLM's default --scheduling-policy fcfs: a completion
+    # asking for a nonzero `priority` is answered 400.
+    refuses_priority: bool = False
 
 
 @dataclass
@@ -284,6 +287,10 @@ class FakeVllm:
         self.record.headers.append({k.lower(): v for k, v in request.headers.items()})
         b = self.behaviour
         chat = request.path.endswith("/chat/completions")
+        if b.refuses_priority and body.get("priority", 0) != 0:
+            message = f"Got priority {body['priority']} but Priority scheduling is not enabled."
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return web.json_response({"error": error}, status=400)
         if request.path == "/v1/responses" and b.mode not in ("status", "hang"):
             return await self._respond(request, body)
         try:

@@ -118,6 +118,54 @@ def bench_tiers_cmd(
         )
 
 
+@bench_app.command("urgency")
+def bench_urgency_cmd(
+    engines: Annotated[
+        list[str], typer.Option(help="Engine URL (repeatable); the first is the single one")
+    ] = ["http://127.0.0.1:8101", "http://127.0.0.1:8102"],  # noqa: B006
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+    capacity: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="The standard tier's max_concurrent in the bench's gateway, and how many "
+            "requests the throughput comparison sends at once",
+        ),
+    ] = 8,
+    backlog: Annotated[
+        int | None, typer.Option(min=2, help="Standard requests of the backlog (2x capacity)")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request")] = 96,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds; the report gives medians")] = 3,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Urgency and shared engines through a gateway of its own in front of running engines
+    (started with --scheduling-policy priority, as `tiergate up` does): throughput on both
+    engines against one, and when priority and flex requests start in a standard backlog;
+    writes urgency-bench.md/.json."""
+    from tiergate.bench.report import write_report
+    from tiergate.bench.urgency import UrgencyBenchParams, bench_urgency
+    from tiergate.bench.urgency_gateway import UrgencyBenchError
+    from tiergate.bench.urgency_report import command_line, render_urgency
+
+    params = UrgencyBenchParams(
+        engines=tuple(engines),
+        model=model,
+        capacity=capacity,
+        backlog=backlog,
+        max_tokens=max_tokens,
+        rounds=rounds,
+    )
+    if params.backlog_requests <= capacity:
+        raise typer.BadParameter("--backlog must exceed --capacity: only then do requests queue")
+    try:
+        result = bench_urgency(params)
+    except UrgencyBenchError as exc:
+        typer.echo(f"[bench urgency] {exc}", err=True)
+        raise typer.Exit(1) from None
+    write_report(out, "urgency-bench", result, render_urgency(result, command_line(params)))
+
+
 @bench_app.command("jobs")
 def bench_jobs(
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),

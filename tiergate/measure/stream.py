@@ -2,8 +2,10 @@
 per output token (TPOT).
 
 TPOT is (e2e - TTFT) / (output tokens - 1) per request: with speculation one streamed chunk
-can carry several tokens, so gaps between chunks would mislead. The benchmark of both tiers
-and the tuner's speed rounds take their samples here.
+can carry several tokens, so gaps between chunks would mislead. The benchmark of both tiers,
+the urgency benchmark and the tuner's speed rounds take their samples here. Every sample
+also keeps when it was sent and when its first token came, on ``time.perf_counter``'s clock,
+so that requests sent side by side can be put in order.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,16 +24,45 @@ from tiergate.speculative.measure import PROMPTS
 
 @dataclass
 class Sample:
+    """One streamed request: seconds to its first content token (0 if none came) and to
+    its end, its output tokens (the usage chunk's), and, on ``time.perf_counter``'s clock,
+    when it was sent and when its first content token came (None if none did)."""
+
     ttft: float
     e2e: float
     tokens: int
+    started: float = 0.0
+    first_token_at: float | None = None
 
     @property
     def tpot(self) -> float | None:
         return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+def chat_body(model: str, prompt: str, max_tokens: int, tier: str | None) -> dict[str, Any]:
+    """A greedy streamed chat completion that reports its usage; ``tier``: its
+    ``service_tier`` (None: none named)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    if tier:
+        body["service_tier"] = tier
+    return body
+
+
+async def timed(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    on_first_token: Callable[[], None] | None = None,
+) -> Sample:
+    """Send one streamed completion and time it; ``on_first_token`` is called when its
+    first content token arrives."""
     started = time.perf_counter()
     ttft = None
     tokens = 0
@@ -44,9 +76,12 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sam
                 delta = chunk["choices"][0].get("delta", {})
                 if delta.get("content"):
                     ttft = time.perf_counter() - started
+                    if on_first_token is not None:
+                        on_first_token()
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
-    return Sample(ttft or 0.0, time.perf_counter() - started, tokens)
+    first = None if ttft is None else started + ttft
+    return Sample(ttft or 0.0, time.perf_counter() - started, tokens, started, first)
 
 
 async def run_level(
@@ -57,18 +92,9 @@ async def run_level(
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def bounded(i: int) -> Sample:
-            body: dict[str, Any] = {
-                "model": model,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            }
-            if tier:
-                body["service_tier"] = tier
+            body = chat_body(model, PROMPTS[i % len(PROMPTS)], max_tokens, tier)
             async with semaphore:
-                return await _one(client, url, body)
+                return await timed(client, url, body)
 
         started = time.perf_counter()
         samples = await asyncio.gather(*(bounded(i) for i in range(requests)))
