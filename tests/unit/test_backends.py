@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from tests.waiting import eventually
 from tiergate.backends.endpoint import Endpoint, LoadSignals
 from tiergate.backends.loadstats import parse_load_signals
@@ -161,3 +163,25 @@ def test_the_launcher_lets_a_cpu_engine_load_its_compile_cache() -> None:
     assert "finalize_loading" in vars(BundledAOTAutogradSerializableCallable)
     assert vllm_launch.patch_finalize_loading() is False  # already there: not patched twice
     assert BundledAOTAutogradSerializableCallable.finalize_loading(object(), None) is None
+
+
+def test_engines_pinned_to_other_cores_share_one_compile_cache_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM keys its compile cache on every VLLM_* variable, the core binding among them;
+    the launcher keys it on the count of cores instead, so the local stack's two engines of
+    one configuration (cores 0 and 1) compile once."""
+    import vllm.envs as vllm_envs
+
+    from tiergate.engine import vllm_launch
+
+    assert vllm_launch.patch_core_binding_factor() is False  # patched at import, once
+    keys = {}
+    for bind in ("0", "1", "0-1", "2,3"):
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", bind)
+        keys[bind] = vllm_envs.compile_factors()["VLLM_CPU_OMP_THREADS_BIND"]
+    assert keys["0"] == keys["1"] == "cores:1"
+    assert keys["0-1"] == keys["2,3"] == "cores:2"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    assert vllm_envs.compile_factors()["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert vllm_launch._cores_named("0-1|2-3") == "2|2"

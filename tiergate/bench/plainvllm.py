@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tiergate.engine.command import vllm_environment
-from tiergate.engine.process import Engine, stop_process_group, wait_ready
+from tiergate.engine.process import Engine, mark_start, stop_process_group, wait_ready
 from tiergate.settings import TierProfile
 
 
@@ -43,6 +43,7 @@ def plain_vllm(
     stop it."""
     started = time.monotonic()
     with log.open("ab") as out:
+        mark_start(out, plain_command(profile, port))
         proc = subprocess.Popen(
             plain_command(profile, port),
             env=vllm_environment(profile),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tiergate.engine.command import vllm_command, vllm_environment
 from tiergate.measure.wait import wait_until
@@ -72,14 +73,20 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> No
         pass
 
 
+def mark_start(log: BinaryIO, argv: list[str]) -> None:
+    """Mark a start in an engine's log, which is appended to across starts, so that what
+    an earlier run printed does not count as this one's stage (:func:`engine_stage`)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    log.write(f"{START_MARK} {stamp}: {' '.join(argv)}\n".encode())
+    log.flush()
+
+
 def start_vllm(profile: TierProfile, log_path: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a tier's vLLM server in its own process group (so that stopping it stops all
     of its workers) and return the process."""
     out = log_path.open("ab") if log_path is not None else None
-    if out is not None:  # a log is appended to across starts: each start is marked
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        out.write(f"{START_MARK} {stamp}: {' '.join(vllm_command(profile))}\n".encode())
-        out.flush()
+    if out is not None:
+        mark_start(out, vllm_command(profile))
     try:
         return subprocess.Popen(
             vllm_command(profile),

@@ -1,5 +1,6 @@
 """vLLM's OpenAI server (what ``python -m vllm.entrypoints.openai.api_server`` runs), with
-one fix: a CPU engine's compile cache is loaded again instead of rebuilt at every start.
+two fixes: a CPU engine's compile cache is loaded again instead of rebuilt at every start,
+and engines of one configuration pinned to different cores share it.
 
 vLLM 0.32's loader (``vllm/compilation/decorators.py``, ``_try_load_aot_compiled_fn``)
 calls ``compiled_fn.finalize_loading(vllm_config)``, which only vLLM's own
@@ -20,6 +21,7 @@ method, and it imports nothing of tiergate's beyond this module.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 
@@ -39,7 +41,50 @@ def patch_finalize_loading() -> bool:
     return True
 
 
+def _cores_named(spec: str) -> str:
+    """``"0-3,8"`` -> ``"5"``; per-rank lists (``"0-1|2-3"``) -> ``"2|2"``."""
+    counts = []
+    for rank in spec.split("|"):
+        count = 0
+        for part in filter(None, (p.strip() for p in rank.split(","))):
+            low, _, high = part.partition("-")
+            count += int(high or low) - int(low) + 1
+        counts.append(str(count))
+    return "|".join(counts)
+
+
+def patch_core_binding_factor() -> bool:
+    """Key the compile cache on how many cores an engine is bound to, not which.
+
+    vLLM hashes every ``VLLM_*`` variable into the compile cache's key
+    (``vllm.envs.compile_factors``), ``VLLM_CPU_OMP_THREADS_BIND`` among them, so two
+    engines of one configuration pinned to different cores (the local stack's standard
+    engine on core 0, its fast engine on core 1) each compile the model for minutes. The
+    generated code depends on the thread count, which the count of cores keeps in the
+    key, not on the cores' numbers. True if patched."""
+    try:
+        import vllm.envs as vllm_envs
+    except ImportError:
+        return False
+    original = vllm_envs.compile_factors
+    if getattr(original, "tiergate_patched", False):
+        return False
+
+    def compile_factors() -> dict[str, object]:
+        factors = original()
+        bind = factors.get("VLLM_CPU_OMP_THREADS_BIND")
+        if isinstance(bind, str) and bind and bind[0].isdigit():
+            with contextlib.suppress(ValueError):  # a form not known here: vLLM's own key
+                factors["VLLM_CPU_OMP_THREADS_BIND"] = f"cores:{_cores_named(bind)}"
+        return factors
+
+    compile_factors.tiergate_patched = True  # type: ignore[attr-defined]
+    vllm_envs.compile_factors = compile_factors
+    return True
+
+
 patch_finalize_loading()
+patch_core_binding_factor()
 
 
 if __name__ == "__main__":
