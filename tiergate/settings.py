@@ -356,6 +356,13 @@ class TuningSettings(_Section):
     # go first on both (urgency). False keeps an engine for the fast tier alone (latency
     # isolation), at the cost of one engine idling while the other queues.
     share_engines_when_equal: bool = True
+    # ... and whether that is one engine or both is measured (tiergate/tuning/layout.py):
+    # both serve when this many concurrent requests split over both engines give at least
+    # ``two_engines_min_gain`` times the output tokens/s of one engine; otherwise one engine
+    # serves both tiers and the second is stopped, leaving its core to the first engine's
+    # own processes, the gateway and the jobs.
+    layout_concurrency: int = Field(8, ge=2)
+    two_engines_min_gain: float = Field(1.1, gt=0)
 
     def budget(self) -> float:
         """The tuning's bound in seconds."""

@@ -19,6 +19,7 @@ from tiergate.local.supervisor import Supervisor, kill_leftovers
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
+from tiergate.tuning.layout import EngineLayout, ensure_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan
 
 
@@ -57,30 +58,56 @@ def _announce(decision: TierDecision) -> None:
         _say(f"this hardware has no faster recipe: {decision.reason}")
 
 
-def shared_pools(
-    settings: Settings, decision: TierDecision | None, fast: TierProfile, urls: dict[Tier, str]
-) -> Settings:
-    """Both engines in both tiers' pools when the fast tier runs the standard configuration
-    itself (verdict ``equal``, no recipe): the same weights and capabilities, so neither
-    engine idles while the other queues (tuning.share_engines_when_equal)."""
+def one_pool(settings: Settings, decision: TierDecision | None, fast: TierProfile) -> bool:
+    """Whether the tiers serve as one pool: the fast tier runs the standard configuration
+    itself (verdict ``equal``, no recipe), the same weights and capabilities, and
+    tuning.share_engines_when_equal is on."""
     standard = settings.profiles[Tier.STANDARD]
-    same = (
-        decision is not None
+    return (
+        settings.tuning.share_engines_when_equal
+        and decision is not None
         and decision.verdict == "equal"
         and decision.chosen is None
         and fast.speculative is None
         and fast.quantize is None
         and fast.model == standard.model
     )
-    if not (same and settings.tuning.share_engines_when_equal):
+
+
+def shared_pools(
+    settings: Settings,
+    decision: TierDecision | None,
+    fast: TierProfile,
+    urls: dict[Tier, str],
+    layout: EngineLayout | None = None,
+) -> Settings:
+    """Both tiers' pools for :func:`one_pool`: both engines, so that neither idles while the
+    other queues, or the standard engine alone where the measured ``layout`` says a second
+    engine adds nothing on this machine. Otherwise each tier keeps its own engine."""
+    if not one_pool(settings, decision, fast):
         return settings
-    both = [urls[Tier.STANDARD], urls[Tier.FAST]]
+    if layout is not None and layout.engines == "one":
+        pools = {Tier.STANDARD: [urls[Tier.STANDARD]], Tier.FAST: [urls[Tier.STANDARD]]}
+    else:
+        both = [urls[Tier.STANDARD], urls[Tier.FAST]]
+        pools = {Tier.STANDARD: both, Tier.FAST: both[::-1]}
     tiers = {
-        tier: pool.model_copy(update={"endpoints": both if tier is Tier.STANDARD else both[::-1]})
+        tier: pool.model_copy(update={"endpoints": pools[tier]})
         for tier, pool in settings.tiers.items()
     }
-    _say("no faster recipe here: both engines serve both tiers (tuning.share_engines_when_equal)")
     return settings.model_copy(update={"tiers": tiers})
+
+
+def _say_layout(layout: EngineLayout) -> None:
+    figures = (
+        f"{layout.concurrency} requests split over two engines gave "
+        f"{layout.two_engines_tokens_per_s:.1f} output tokens/s against "
+        f"{layout.one_engine_tokens_per_s:.1f} on one ({layout.ratio:.2f}x)"
+    )
+    if layout.engines == "one":
+        _say(f"no faster recipe here, and {figures}: one engine serves both tiers")
+    else:
+        _say(f"no faster recipe here, and {figures}: both engines serve both tiers")
 
 
 def _engine(tier: Tier, profile: TierProfile, log_dir: Path) -> Engine:
@@ -193,13 +220,24 @@ def run_local_stack(
         settings = settings.model_copy(update={"gateway": gateway})
         engines.append(fast)
         wait_ready([fast], progress=_say)
-        _supervise_engine(supervisor, fast, plan.profile)
-        verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
+        layout = None
+        if one_pool(settings, plan.decision, plan.profile):
+            layout = ensure_layout(
+                settings, standard.url, fast.url, standard_profile.served_model_name, _say
+            )
+            _say_layout(layout)
+            if layout.engines == "one" and fast.proc is not None:
+                fast.stop()  # its core goes to the standard engine's own processes
+                engines.remove(fast)
+        if fast in engines:
+            _supervise_engine(supervisor, fast, plan.profile)
+            verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         settings = shared_pools(
             settings,
             plan.decision,
             plan.profile,
             {Tier.STANDARD: standard.url, Tier.FAST: fast.url},
+            layout,
         )
         if all(e.proc is not None for e in engines) and all(
             p.scheduling_policy == "priority" for p in (standard_profile, plan.profile)

@@ -149,6 +149,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings.policy.engine_priorities,
             shared_engines=bool(listed[0]) and listed[0] == listed[1],
             engine_modes=settings.gateway.engine_modes,
+            engine_count=len(listed[0] | listed[1]),
         )
         metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(

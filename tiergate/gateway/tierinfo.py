@@ -24,12 +24,14 @@ class TierEvidence:
         engine_priorities: bool = False,
         shared_engines: bool = False,
         engine_modes: Mapping[Tier, str] | None = None,
+        engine_count: int = 2,
     ) -> None:
         self._path = Path(path) if path else None
         self._engine_priorities = engine_priorities
         # Both tiers' pools list the same engines (tuning.share_engines_when_equal).
         self._shared = shared_engines
         self._modes = dict(engine_modes or {})
+        self._engine_count = engine_count
         self._stamp: tuple[int, int] | None = None
         self._decision: TierDecision | None = None
 
@@ -59,7 +61,13 @@ class TierEvidence:
             "service_tier": Tier.FAST.openai_name,
         }
         scheduling = self.scheduling()
-        engines = "shared by both tiers" if self._shared else "its own"
+        engines = (
+            "its own"
+            if not self._shared
+            else "one engine, shared by both tiers"
+            if self._engine_count == 1
+            else "shared by both tiers"
+        )
         standard["engines"] = fast["engines"] = engines
         for tier, body in ((Tier.STANDARD, standard), (Tier.FAST, fast)):
             if tier in self._modes:

@@ -62,6 +62,8 @@ def inputs_digest(settings: Settings) -> str:
         "budget_seconds",
         "seconds_per_candidate",
         "share_engines_when_equal",
+        "layout_concurrency",
+        "two_engines_min_gain",
         "screen_eager",
     }
     tuning = settings.tuning.model_dump(mode="json", exclude=serving)
