@@ -300,5 +300,5 @@ def bench_urgency(params: UrgencyBenchParams, progress: Progress = _say) -> dict
             "queue_timeout_seconds": settings.admission.queue_timeout_seconds,
         },
         "per_round": rounds,
-        "summary": summarize(rounds),
+        "summary": summarize(rounds, len(params.engines)),
     }

@@ -75,7 +75,7 @@ def _median(rounds: Sequence[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in rounds))
 
 
-def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rounds: Sequence[dict[str, Any]], engines: int = 2) -> dict[str, Any]:
     """Medians over the rounds and the three targets. Each round is a dict with
     ``single_tokens_per_s``, ``shared_tokens_per_s``, ``idle_priority_ttft_ms``,
     ``idle_flex_ttft_ms`` and ``backlog`` (from :func:`backlog_figures`)."""
@@ -104,10 +104,14 @@ def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "most_standard_first_after_flex": after_flex,
         "rounds_as_planned": sum(bool(b["as_planned"]) for b in backlogs),
         "targets": {
+            # With one engine (the local stack's measured layout where a second engine adds
+            # nothing) there is nothing to share: the ratio is then the gateway's cost.
             "shared_engines": {
-                "target": f"shared/single aggregate tokens/s >= {SHARED_SPEEDUP_TARGET}",
+                "target": f"shared/single aggregate tokens/s >= {SHARED_SPEEDUP_TARGET}"
+                if engines > 1
+                else "not applicable: one engine (the figure is the gateway against direct)",
                 "value": speedup,
-                "met": speedup >= SHARED_SPEEDUP_TARGET,
+                "met": speedup >= SHARED_SPEEDUP_TARGET if engines > 1 else None,
             },
             "priority_first": {
                 "target": f"priority TTFT in the backlog <= {PRIORITY_TTFT_TARGET}x idle, "

@@ -104,5 +104,5 @@ def _ms(value: float | None) -> str:
     return "?" if value is None else f"{value:+.0f}"
 
 
-def _yes(met: bool) -> str:
-    return "yes" if met else "**no**"
+def _yes(met: bool | None) -> str:
+    return "-" if met is None else "yes" if met else "**no**"

@@ -121,8 +121,12 @@ def bench_tiers_cmd(
 @bench_app.command("urgency")
 def bench_urgency_cmd(
     engines: Annotated[
-        list[str], typer.Option(help="Engine URL (repeatable); the first is the single one")
-    ] = ["http://127.0.0.1:8101", "http://127.0.0.1:8102"],  # noqa: B006
+        list[str] | None,
+        typer.Option(
+            help="Engine URL (repeatable); the first is the single one. Default: the local "
+            "stack's engines that serve (one where its measured layout says one)"
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
     capacity: Annotated[
         int,
@@ -148,6 +152,14 @@ def bench_urgency_cmd(
     from tiergate.bench.urgency_gateway import UrgencyBenchError
     from tiergate.bench.urgency_report import command_line, render_urgency
 
+    if not engines:
+        from tiergate.tuning.layout import stored_layout
+
+        settings = settings_or_exit()
+        profiles = [settings.profiles[Tier.STANDARD], settings.profiles[Tier.FAST]]
+        urls = [f"http://{p.host}:{p.port}" for p in profiles]
+        layout = stored_layout(settings)
+        engines = urls[:1] if layout is not None and layout.engines == "one" else urls
     params = UrgencyBenchParams(
         engines=tuple(engines),
         model=model,
