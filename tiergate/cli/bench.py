@@ -86,8 +86,13 @@ def bench_tiers_cmd(
     from tiergate.engine.process import healthy
     from tiergate.settings import default_cache_dir
 
+    from tiergate.tuning.layout import stored_layout
+
     settings = settings_or_exit()
     fast = [*settings.tiers[Tier.FAST].endpoints]
+    layout = stored_layout(settings)
+    if layout is not None and layout.engines == "one":  # the stack's one engine serves both
+        fast = [*settings.tiers[Tier.STANDARD].endpoints]
     with contextlib.ExitStack() as stack:
         plain = plain_vllm
         if plain == "start":
