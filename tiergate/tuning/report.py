@@ -45,8 +45,8 @@ def render_decision(d: TierDecision) -> str:
         f"{f['isa']}; GPU {f['gpu']}), vLLM {f['vllm']}, torch {f['torch']}, "
         f"{d.engine_mode} engines"
         + (
-            f" (candidates screened with {d.screening_mode} engines; a recipe the choice "
-            f"landed on was measured again {d.engine_mode}, and its speedup shown is that)."
+            f" (candidates screened with {d.screening_mode} engines; a recipe is chosen "
+            f"only after it is measured again {d.engine_mode}, whose figures it then shows)."
             if d.screening_mode
             else "."
         ),
