@@ -152,7 +152,7 @@ def test_a_starting_engines_stage_is_read_from_its_own_start_in_the_log(tmp_path
         log,
     )
     proc.wait(timeout=120)
-    assert engine_stage(log) != "warming up"
+    assert engine_stage(log) in ("starting (vLLM loads its modules)", "loading the model")
     with log.open("a") as f:
         f.write("INFO Warming up model for the compilation...\n")
     assert "compiling" in (engine_stage(log) or "")

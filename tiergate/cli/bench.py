@@ -85,7 +85,6 @@ def bench_tiers_cmd(
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
     from tiergate.engine.process import healthy
     from tiergate.settings import default_cache_dir
-
     from tiergate.tuning.layout import stored_layout
 
     settings = settings_or_exit()

@@ -125,10 +125,13 @@ def engine_stage(log: Path | None, chars: int = 65536) -> str | None:
     with log.open("rb") as f:
         f.seek(max(0, log.stat().st_size - chars))
         tail = f.read().decode(errors="replace")
-    tail = tail[tail.rfind(START_MARK) + 1 :] if START_MARK in tail else tail
+    started = START_MARK in tail
+    tail = tail[tail.rfind(START_MARK) + 1 :] if started else tail
     found = [(tail.rfind(marker), stage) for marker, stage in _STAGES]
     at, stage = max(found)
-    return stage if at >= 0 else None
+    if at >= 0:
+        return stage
+    return "starting (vLLM loads its modules)" if started else None
 
 
 class EngineFailed(RuntimeError):
