@@ -11,6 +11,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
@@ -19,7 +20,7 @@ from tiergate.local.supervisor import Supervisor, kill_leftovers
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
-from tiergate.tuning.layout import EngineLayout, ensure_layout
+from tiergate.tuning.layout import EngineLayout, ensure_layout, stored_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan
 
 
@@ -98,14 +99,16 @@ def shared_pools(
     return settings.model_copy(update={"tiers": tiers})
 
 
-def _say_layout(layout: EngineLayout) -> None:
-    figures = (
+def _say_layout(layout: EngineLayout, reused: bool = False) -> None:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(layout.measured_at))
+    figures = ("as measured " + when + ", " if reused else "") + (
         f"{layout.concurrency} requests split over two engines gave "
         f"{layout.two_engines_tokens_per_s:.1f} output tokens/s against "
         f"{layout.one_engine_tokens_per_s:.1f} on one ({layout.ratio:.2f}x)"
     )
     if layout.engines == "one":
-        _say(f"no faster recipe here, and {figures}: one engine serves both tiers")
+        not_started = "; the fast engine is not started" if reused else ""
+        _say(f"no faster recipe here, and {figures}: one engine serves both tiers{not_started}")
     else:
         _say(f"no faster recipe here, and {figures}: both engines serve both tiers")
 
@@ -203,40 +206,49 @@ def run_local_stack(
         )
         if isinstance(plan, Waiting):  # not while it may tune: for the type checker
             raise RuntimeError(plan.reason)
-        fast = _engine(Tier.FAST, plan.profile, log_dir)
+        fast_url = f"http://{plan.profile.host}:{plan.profile.port}"
+        pooled = one_pool(settings, plan.decision, plan.profile)
+        layout = stored_layout(settings) if pooled else None
+        fast: Engine | None = None
+        if layout is not None and layout.engines == "one" and not healthy(fast_url):
+            # Measured before: a second engine adds nothing here, so none is started.
+            _say_layout(layout, reused=True)
+        else:
+            fast = _engine(Tier.FAST, plan.profile, log_dir)
+            engines.append(fast)
+            wait_ready([fast], progress=_say)
+            if pooled:
+                layout = ensure_layout(
+                    settings, standard.url, fast.url, standard_profile.served_model_name, _say
+                )
+                _say_layout(layout)
+            if layout is not None and layout.engines == "one" and fast.proc is not None:
+                fast.stop()  # its core goes to the standard engine's own processes
+                engines.remove(fast)
+            if fast in engines:
+                _supervise_engine(supervisor, fast, plan.profile)
+                verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         # What this stack started it can vouch for; an engine found running may run anyhow.
+        serving_fast = fast if fast in engines else standard
+        fast_profile = plan.profile if serving_fast is fast else standard_profile
         modes = {
             tier: "eager" if p.enforce_eager else "compiled"
             for tier, p, e in (
                 (Tier.STANDARD, standard_profile, standard),
-                (Tier.FAST, plan.profile, fast),
+                (Tier.FAST, fast_profile, serving_fast),
             )
-            if e.proc is not None
+            if e is not None and e.proc is not None
         }
         shown: dict[str, object] = {"engine_modes": {**modes, **settings.gateway.engine_modes}}
         if plan.decision is not None:  # the gateway then shows the decision's evidence
             shown["tier_evidence_file"] = str(settings.tuning.decision_path())
         gateway = settings.gateway.model_copy(update=shown)
         settings = settings.model_copy(update={"gateway": gateway})
-        engines.append(fast)
-        wait_ready([fast], progress=_say)
-        layout = None
-        if one_pool(settings, plan.decision, plan.profile):
-            layout = ensure_layout(
-                settings, standard.url, fast.url, standard_profile.served_model_name, _say
-            )
-            _say_layout(layout)
-            if layout.engines == "one" and fast.proc is not None:
-                fast.stop()  # its core goes to the standard engine's own processes
-                engines.remove(fast)
-        if fast in engines:
-            _supervise_engine(supervisor, fast, plan.profile)
-            verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url})
         settings = shared_pools(
             settings,
             plan.decision,
             plan.profile,
-            {Tier.STANDARD: standard.url, Tier.FAST: fast.url},
+            {Tier.STANDARD: standard.url, Tier.FAST: fast_url},
             layout,
         )
         if all(e.proc is not None for e in engines) and all(
