@@ -408,6 +408,11 @@ class TierProfile(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     extra_args: list[str] = Field(default_factory=list)
 
+    @property
+    def engine_mode(self) -> Literal["eager", "compiled"]:
+        """How vLLM runs this profile's model: eager, or compiled (its default)."""
+        return "eager" if self.enforce_eager else "compiled"
+
 
 def _default_profiles() -> dict[Tier, TierProfile]:
     # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU

@@ -232,7 +232,7 @@ def run_local_stack(
         serving_fast = fast if fast in engines else standard
         fast_profile = plan.profile if serving_fast is fast else standard_profile
         modes = {
-            tier: "eager" if p.enforce_eager else "compiled"
+            tier: p.engine_mode
             for tier, p, e in (
                 (Tier.STANDARD, standard_profile, standard),
                 (Tier.FAST, fast_profile, serving_fast),

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_tuning import _parity
 from tiergate.engine.process import Engine, engine_stage, start_vllm
-from tiergate.evidence import CandidateResult, ParitySummary
+from tiergate.evidence import CandidateResult
 from tiergate.settings import Recipe, Settings, TuningSettings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import served
@@ -22,18 +23,7 @@ from tiergate.tuning.tuner import Tuner
 INT8 = Recipe(name="W8A8", quantize="W8A8")
 NGRAM = Recipe(name="bf16 + ngram", speculative={"method": "ngram", "num_speculative_tokens": 3})
 
-PASSED = ParitySummary(
-    passed=True,
-    next_token_agreement=0.97,
-    agreement_low=0.96,
-    kl_mean=0.01,
-    kl_high=0.02,
-    task_difference=0.0,
-    task_difference_low=-0.03,
-    tasks=150,
-    positions=5000,
-    seconds=60.0,
-)
+PASSED = _parity(True)  # the tuner unit tests' passing judgement
 
 
 def _screened(recipe: Recipe, c1: float, c4: float) -> CandidateResult:

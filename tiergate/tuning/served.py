@@ -36,7 +36,7 @@ Mode = Literal["eager", "compiled"]
 
 def mode_of(settings: Settings) -> Mode:
     """The engine mode of the fast tier's profile (the one candidates run in)."""
-    return "eager" if settings.profiles[Tier.FAST].enforce_eager else "compiled"
+    return settings.profiles[Tier.FAST].engine_mode
 
 
 def screening_settings(settings: Settings) -> Settings:
@@ -60,7 +60,7 @@ def standard_engine(
         yield Engine("standard", url.rstrip("/"), profile.served_model_name, None)
         return
     profile = profile.model_copy(update={"port": free_ports()[0]})
-    mode = "eager" if profile.enforce_eager else "compiled"
+    mode = profile.engine_mode
     progress(f"starting the standard engine ({mode}) on cores {profile.cpu_cores}")
     log = logs / f"tune-standard-{mode}.log"
     with launched("standard", profile, log, progress=progress) as engine:
