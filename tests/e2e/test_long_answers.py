@@ -16,26 +16,58 @@ import pytest
 from tests.e2e.conftest import MODEL, VllmServer, engine_gateway_settings
 from tests.fault.helpers import metric_value
 from tests.servers import running_gateway
+from tests.waiting import eventually
+from tiergate.backends.loadstats import parse_load_signals
 from tiergate.tiers import Tier
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 
-@pytest.fixture(scope="module")
+FIRST_BYTE_SECONDS = 2.0  # far above an idle engine's first token (tens of ms), below the answer
+
+
+def engine_idle(url: str) -> bool:
+    """No request running or waiting on the engine at ``url`` (read from vLLM's metrics):
+    an earlier test's leftovers would add their time to this test's first token."""
+    signals = parse_load_signals(httpx.get(f"{url}/metrics", timeout=10).text)
+    return signals.running == 0 and signals.waiting == 0
+
+
+def tokens_lasting(url: str, seconds: float) -> int:
+    """How many tokens the engine at ``url`` takes about ``seconds`` to generate for
+    MESSAGES, from one timed streamed answer (processors differ about 2x: never a constant)."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 64, "ignore_eos": True}
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=120
+    ) as resp:
+        first = None
+        for line in resp.iter_lines():
+            if first is None and line.startswith("data:"):
+                first = time.monotonic()
+        per_token = (time.monotonic() - (first or time.monotonic())) / 63
+    return min(1800, max(64, int(seconds / max(per_token, 1e-3))))
+
+
+@pytest.fixture
 def impatient_gateway(vllm_servers: dict[Tier, VllmServer]) -> Iterator[str]:
-    timeouts = {"first_byte_seconds": 0.5, "between_chunks_seconds": 30.0}
+    timeouts = {"first_byte_seconds": FIRST_BYTE_SECONDS, "between_chunks_seconds": 30.0}
     settings = engine_gateway_settings(vllm_servers, timeouts=timeouts)
     with running_gateway(settings) as base:
         yield base
 
 
 def test_generation_longer_than_the_first_byte_timeout_is_answered_once(
-    impatient_gateway: str,
+    impatient_gateway: str, vllm_servers: dict[Tier, VllmServer]
 ) -> None:
+    fast = vllm_servers[Tier.FAST].url
+    eventually(lambda: engine_idle(fast), 120, 0.5, "the fast engine idle")
+    # An answer lasting about five first-byte timeouts on this machine (ngram speculation
+    # may speed its later, repetitive tokens up: the margin covers that).
+    tokens = tokens_lasting(fast, 5 * FIRST_BYTE_SECONDS)
     body = {
         "model": MODEL,
         "messages": MESSAGES,
-        "max_tokens": 200,
+        "max_tokens": tokens,
         "ignore_eos": True,
         "service_tier": "priority",
     }
@@ -43,11 +75,11 @@ def test_generation_longer_than_the_first_byte_timeout_is_answered_once(
     resp = httpx.post(f"{impatient_gateway}/v1/chat/completions", json=body, timeout=300)
     took = time.monotonic() - started
     assert resp.status_code == 200, resp.text
-    assert took > 0.5, took  # longer than the first-byte timeout: it was not cut
+    assert took > FIRST_BYTE_SECONDS, took  # longer than the first-byte timeout: not cut
     assert resp.headers["x-tiergate-tier"] == "fast"
     assert "x-tiergate-fallback" not in resp.headers
     assert resp.json()["service_tier"] == "priority"
-    assert resp.json()["usage"]["completion_tokens"] == 200
+    assert resp.json()["usage"]["completion_tokens"] == tokens
     assert metric_value(impatient_gateway, "tiergate_fallbacks_total") == 0
     assert metric_value(impatient_gateway, "tiergate_endpoint_ejections_total") == 0
 
