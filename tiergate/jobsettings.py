@@ -146,6 +146,9 @@ class WorkerSettings(_Section):
     # Only once its group assignment is known; a copy of a message whose attempt already
     # failed is skipped (the job's retry is the next attempt's message).
     steal_after_seconds: float = Field(2.0, ge=0)
+    # /healthz shows the sandboxes' disk (sandbox.work_dir) as not ok below this many MiB
+    # free (and the worker logs a warning): a job's workspace, outputs and archive need it.
+    min_free_mb: int = Field(1024, ge=0)
 
 
 class JobCaps(_Section):

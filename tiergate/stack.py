@@ -8,20 +8,37 @@ starts; both are warmed up; then the gateway serves.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
 from tiergate.evidence import TierDecision
 from tiergate.local.supervisor import Supervisor, kill_leftovers
+from tiergate.measure.diskspace import (
+    STACK_MIN_FREE_GIB,
+    check_stack_disks,
+    low_disk_message,
+)
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
 from tiergate.tuning.layout import EngineLayout, ensure_layout, stored_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan
+
+
+def stack_paths() -> list[Path]:
+    """Where the local stack writes: its own cache (models, logs, the jobs' object store
+    and broker, sandboxes), Hugging Face's and vLLM's caches, the temporary directory."""
+    from huggingface_hub import constants
+
+    vllm_cache = os.environ.get("VLLM_CACHE_ROOT") or str(Path.home() / ".cache" / "vllm")
+    hub_cache = Path(constants.HF_HUB_CACHE)
+    return [default_cache_dir(), hub_cache, Path(vllm_cache), Path(tempfile.gettempdir())]
 
 
 def _say(message: str) -> None:
@@ -143,13 +160,16 @@ def run_local_stack(
     eager_engines: bool = False,
     jobs: bool = True,
     default_environment: Path | None,
+    min_free_gib: float = STACK_MIN_FREE_GIB,
 ) -> int:
     """Start what is not already running, serve the gateway in the foreground, and stop
     everything this call started when the gateway stops (Ctrl-C or SIGTERM). With
     ``jobs``, the durable object store, the broker and a worker run too, and the
     ``default_environment`` manifest's environment is registered as ``default`` before the
     worker starts (built once, local/environment.py). What this call started and dies
-    while the stack is up is restarted with backoff (local/supervisor.py)."""
+    while the stack is up is restarted with backoff (local/supervisor.py). It refuses to
+    start, saying where, when a disk it writes is short of ``min_free_gib`` GiB above
+    SeaweedFS's floor (measure/diskspace.py)."""
     import uvicorn
 
     from tiergate.engine.gate import ParityMissing
@@ -164,6 +184,10 @@ def run_local_stack(
             for tier, p in settings.profiles.items()
         }
         settings = settings.model_copy(update={"profiles": profiles})
+    short = low_disk_message(check_stack_disks(stack_paths(), min_free_gib))
+    if short is not None:
+        _say(f"error: {short}")
+        return 1
     log_dir = default_cache_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     engines: list[Engine] = []

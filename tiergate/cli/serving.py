@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from tiergate.cli.common import settings_or_exit
+from tiergate.measure.diskspace import STACK_MIN_FREE_GIB
 from tiergate.settings import GatewaySettings
 from tiergate.tiers import Tier
 
@@ -170,6 +171,15 @@ def up(
             "run in the worker's own system",
         ),
     ] = True,
+    min_free_gib: Annotated[
+        float,
+        typer.Option(
+            "--min-free-gib",
+            min=0,
+            help="free disk space, in GiB above SeaweedFS's 1% floor, that each disk the "
+            "stack writes must have to start (models, checkpoints, caches, job data)",
+        ),
+    ] = STACK_MIN_FREE_GIB,
 ) -> None:
     """Run the whole local stack: prepare the model, start the standard tier, choose the
     fast tier for this hardware (once), start it, warm both, serve the gateway."""
@@ -182,5 +192,6 @@ def up(
         eager_engines=eager_engines,
         jobs=jobs,
         default_environment=SHIPPED_MANIFEST if default_environment else None,
+        min_free_gib=min_free_gib,
     )
     raise typer.Exit(code)

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -39,6 +40,7 @@ from kafka.errors import InconsistentGroupProtocolError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
+from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
 from tiergate.queue.agent import ModelClient
 from tiergate.queue.batches.driver import BatchDriver
@@ -93,7 +95,10 @@ class Worker:
                 self.liveness,
                 settings.worker.metrics_host,
                 settings.worker.metrics_port,
-                lambda: {"groups": {g: m.state() for g, m in self.memberships.items()}},
+                lambda: {
+                    "groups": {g: m.state() for g, m in self.memberships.items()},
+                    "disk": self.disk(),
+                },
             )
             if serve_http
             else None
@@ -153,6 +158,21 @@ class Worker:
         stack.enter_context(self.liveness.busy(name))
         stack.enter_context(self.metrics.running())
         return stack  # type: ignore[return-value]
+
+    def disk(self) -> dict[str, object]:
+        """The sandboxes' disk, for ``/healthz``: what is free and whether it is at least
+        ``worker.min_free_mb``. Shown, not failed on: ``/healthz`` is the liveness probe,
+        and a restart frees no space but kills the jobs that are running."""
+        needed = self._settings.worker.min_free_mb * MIB
+        space = disk_space(Path(self._settings.sandbox.work_dir), needed)
+        if not space.ok:
+            log.warning("low disk space for sandboxes: %s", space.describe())
+        return {
+            "path": str(space.path),
+            "free_mb": space.free // MIB,
+            "min_free_mb": self._settings.worker.min_free_mb,
+            "ok": space.ok,
+        }
 
     def start(self) -> None:
         # Refuses (LimitsUnavailable) before anything runs, unless limits are waived.
