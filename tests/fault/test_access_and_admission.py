@@ -67,6 +67,7 @@ def test_missing_wrong_and_forbidden_keys(fakes: list[FakeVllm]) -> None:
         assert denied.json()["error"]["code"] == "tier_not_allowed"
         allowed = httpx.post(url, json=CHAT, headers=std)
         assert allowed.status_code == 200 and allowed.json()["service_tier"] == "default"
+        assert "server" not in allowed.headers  # callers are not told what serves them
         other = {"authorization": f"Bearer {keys['other']}"}
         model = httpx.post(url, json=CHAT, headers=other)
         assert model.status_code == 403 and model.json()["error"]["code"] == "model_not_allowed"

@@ -30,6 +30,7 @@ def test_defaults_keep_todays_behaviour() -> None:
         "log_config": None,
         "access_log": False,
         "proxy_headers": False,
+        "server_header": False,
     }
     assert gateway.body_read_timeout_seconds == 30.0
 

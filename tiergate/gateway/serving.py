@@ -49,6 +49,7 @@ def uvicorn_options(gateway: GatewaySettings) -> dict[str, Any]:
         "log_config": None,
         "access_log": False,
         "proxy_headers": False,
+        "server_header": False,
     }
 
 
