@@ -18,11 +18,11 @@ ROWS = [
     {"backends", "engine", "local"},
     {"envs", "measure"},
     {"sandbox", "objectstore", "jobsclient", "evidence", "chartschema"},
-    {"protocol", "settings", "jobsettings", "sectionbase"},
+    {"protocol", "settings", "jobsettings", "enginesettings", "sectionbase"},
     {"tiers", "speculative"},
 ]
 # One room in the picture, several modules in the tree.
-SAME_ROOM = [{"settings", "jobsettings", "sectionbase"}]
+SAME_ROOM = [{"settings", "jobsettings", "enginesettings", "sectionbase"}]
 _IMPORT = re.compile(r"^\s*(?:from|import) tiergate\.(\w+)", re.M)
 
 
