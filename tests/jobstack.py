@@ -61,11 +61,22 @@ class JobsStack:
     def jobs(self) -> JobsSettings:
         return self.settings.jobs
 
-    def start_worker(self, **overrides: Any) -> Worker:
+    def worker_settings(self, **overrides: Any) -> JobsSettings:
+        """A copy of the stack's jobs settings with ``overrides`` of ``jobs.worker``."""
         jobs = self.jobs.model_copy(deep=True)
         for key, value in overrides.items():
             setattr(jobs.worker, key, value)
-        worker = Worker(jobs)
+        return jobs
+
+    def start_worker(
+        self, jobs: JobsSettings | None = None, *, serve_http: bool = False, **overrides: Any
+    ) -> Worker:
+        """A started worker on ``jobs`` (default: :meth:`worker_settings` of ``overrides``);
+        with ``serve_http``, its /metrics and /healthz on a free loopback port."""
+        jobs = jobs or self.worker_settings(**overrides)
+        if serve_http:
+            jobs.worker.metrics_port, jobs.worker.metrics_host = free_port(), "127.0.0.1"
+        worker = Worker(jobs, serve_http=serve_http)
         worker.start()
         self.workers.append(worker)
         return worker

@@ -18,9 +18,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, topic_messages
-from tests.servers import free_port
 from tests.waiting import eventually
-from tiergate.queue.worker import Worker
 from tiergate.settings import JobsSettings
 
 TASK = {
@@ -78,12 +76,9 @@ def test_a_worker_serves_its_groups_assignors_on_healthz(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     with jobs_stack(broker, s3, model, tmp_path) as stack:
-        port = free_port()
-        jobs = stack.jobs.model_copy(deep=True)
-        jobs.worker.metrics_port, jobs.worker.metrics_host = port, "127.0.0.1"
-        worker = Worker(jobs, serve_http=True)
-        worker.start()
-        stack.workers.append(worker)
+        jobs = stack.worker_settings()
+        stack.start_worker(jobs, serve_http=True)
+        port = jobs.worker.metrics_port
         body = eventually(
             lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json(), 30, 0.2
         )
