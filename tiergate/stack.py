@@ -27,7 +27,7 @@ from tiergate.measure.diskspace import (
 from tiergate.sandbox import LimitsUnavailable
 from tiergate.settings import Settings, TierProfile, default_cache_dir
 from tiergate.tiers import Tier
-from tiergate.tuning.layout import EngineLayout, ensure_layout, stored_layout
+from tiergate.tuning.layout import EngineLayout, ensure_layout, serves_one, stored_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan
 
 
@@ -104,7 +104,7 @@ def shared_pools(
     engine adds nothing on this machine. Otherwise each tier keeps its own engine."""
     if not one_pool(settings, decision, fast):
         return settings
-    if layout is not None and layout.engines == "one":
+    if serves_one(layout):
         pools = {Tier.STANDARD: [urls[Tier.STANDARD]], Tier.FAST: [urls[Tier.STANDARD]]}
     else:
         both = [urls[Tier.STANDARD], urls[Tier.FAST]]
@@ -234,7 +234,7 @@ def run_local_stack(
         pooled = one_pool(settings, plan.decision, plan.profile)
         layout = stored_layout(settings) if pooled else None
         fast: Engine | None = None
-        if layout is not None and layout.engines == "one" and not healthy(fast_url):
+        if serves_one(layout) and not healthy(fast_url):
             # Measured before: a second engine adds nothing here, so none is started.
             _say_layout(layout, reused=True)
         else:
@@ -246,7 +246,7 @@ def run_local_stack(
                     settings, standard.url, fast.url, standard_profile.served_model_name, _say
                 )
                 _say_layout(layout)
-            if layout is not None and layout.engines == "one" and fast.proc is not None:
+            if serves_one(layout) and fast.proc is not None:
                 fast.stop()  # its core goes to the standard engine's own processes
                 engines.remove(fast)
             if fast in engines:

@@ -85,12 +85,12 @@ def bench_tiers_cmd(
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
     from tiergate.engine.process import healthy
     from tiergate.settings import default_cache_dir
-    from tiergate.tuning.layout import stored_layout
+    from tiergate.tuning.layout import serves_one, stored_layout
 
     settings = settings_or_exit()
     fast = [*settings.tiers[Tier.FAST].endpoints]
     layout = stored_layout(settings)
-    if layout is not None and layout.engines == "one":  # the stack's one engine serves both
+    if serves_one(layout):  # the stack's one engine serves both
         fast = [*settings.tiers[Tier.STANDARD].endpoints]
     with contextlib.ExitStack() as stack:
         plain = plain_vllm
@@ -157,13 +157,13 @@ def bench_urgency_cmd(
     from tiergate.bench.urgency_report import command_line, render_urgency
 
     if not engines:
-        from tiergate.tuning.layout import stored_layout
+        from tiergate.tuning.layout import serves_one, stored_layout
 
         settings = settings_or_exit()
         profiles = [settings.profiles[Tier.STANDARD], settings.profiles[Tier.FAST]]
         urls = [f"http://{p.host}:{p.port}" for p in profiles]
         layout = stored_layout(settings)
-        engines = urls[:1] if layout is not None and layout.engines == "one" else urls
+        engines = urls[:1] if serves_one(layout) else urls
     params = UrgencyBenchParams(
         engines=tuple(engines),
         model=model,

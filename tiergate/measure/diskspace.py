@@ -9,6 +9,7 @@ has and what it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterable
@@ -75,10 +76,8 @@ def check_stack_disks(paths: Iterable[Path], min_free_gib: float) -> list[DiskSp
         if device in seen:
             continue
         seen.add(device)
-        usage = shutil.disk_usage(where)
-        checked.append(
-            DiskSpace(path, usage.free, usage.total, stack_needs(usage.total, min_free_gib))
-        )
+        space = disk_space(path, 0)
+        checked.append(dataclasses.replace(space, needed=stack_needs(space.total, min_free_gib)))
     return checked
 
 

@@ -104,6 +104,7 @@ class Worker:
             else None
         )
         self.limits = ""
+        self._disk_low = False  # the sandboxes' disk was short at the last look (disk())
         self.processed: list[tuple[str, str]] = []  # (job id, outcome), for tests and logs
         self.leases = self._store.leases(settings.worker.lease_seconds)
         kafka = settings.kafka
@@ -165,8 +166,9 @@ class Worker:
         and a restart frees no space but kills the jobs that are running."""
         needed = self._settings.worker.min_free_mb * MIB
         space = disk_space(Path(self._settings.sandbox.work_dir), needed)
-        if not space.ok:
+        if not space.ok and not self._disk_low:  # said once when it runs low, not per probe
             log.warning("low disk space for sandboxes: %s", space.describe())
+        self._disk_low = not space.ok
         return {
             "path": str(space.path),
             "free_mb": space.free // MIB,

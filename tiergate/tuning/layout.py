@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from pydantic import BaseModel, ValidationError
 
@@ -49,6 +49,11 @@ class EngineLayout(BaseModel):
     fingerprint: dict[str, str]
     fingerprint_digest: str
     config_digest: str
+
+
+def serves_one(layout: EngineLayout | None) -> TypeGuard[EngineLayout]:
+    """Whether ``layout`` (stored or just measured) says one engine serves both tiers."""
+    return layout is not None and layout.engines == "one"
 
 
 def config_digest(settings: Settings) -> str:
