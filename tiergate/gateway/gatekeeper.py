@@ -128,7 +128,7 @@ class Gatekeeper:
             err.headers = {**lease.headers, **err.headers}
             raise
         m = self._metrics
-        m.child(m.queue_wait, tier.value).observe(lease.ticket.waited_seconds)
+        m.observe(m.queue_wait, lease.ticket.waited_seconds, tier)
         return lease
 
 

@@ -9,20 +9,22 @@ event loop touches, so a scrape must not run on another thread.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 log = logging.getLogger("tiergate.gateway")
 
 
 class MetricsListener:
-    """Serves ``GET /metrics`` from ``registry`` on ``host:port`` (port 0: a free one)."""
+    """Serves ``GET /metrics`` on ``host:port`` (port 0: a free one), the exposition text
+    that ``scrape`` makes (:meth:`~tiergate.gateway.metrics.GatewayMetrics.scrape`)."""
 
     def __init__(
-        self, registry: CollectorRegistry, host: str, port: int, *, reuse_port: bool = False
+        self, scrape: Callable[[], bytes], host: str, port: int, *, reuse_port: bool = False
     ) -> None:
-        self._registry = registry
+        self._scrape = scrape
         self._host = host
         self._port = port
         # With several worker processes each one listens (SO_REUSEPORT) and any of them
@@ -56,5 +58,5 @@ class MetricsListener:
             self._runner = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
+        body = self._scrape()
         return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})

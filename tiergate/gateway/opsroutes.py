@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 from fastapi import FastAPI, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import PlainTextResponse, Response
 
 from tiergate.gateway.state import GatewayState, gateway_state
@@ -55,5 +55,4 @@ def register_ops_routes(app: FastAPI, settings: Settings) -> None:
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
     )
     async def metrics(request: Request) -> Response:
-        registry = gateway_state(request).metrics.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(gateway_state(request).metrics.scrape(), media_type=CONTENT_TYPE_LATEST)

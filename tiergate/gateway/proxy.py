@@ -32,7 +32,7 @@ from tiergate.gateway.selection import (
     TIER_HEADER,
     InspectedRequest,
     inspect,
-    read_body,
+    receive_body,
     upstream_body,
 )
 from tiergate.gateway.streaming import (
@@ -118,7 +118,7 @@ class CompletionsProxy:
         started = time.perf_counter()
         # The lease and vLLM get the gateway's own id; the client's is only echoed/logged.
         request_id = self._ids.next()
-        # The four headers the gateway reads, in one pass over the raw list (Headers.get
+        # The headers the gateway reads, in one pass over the raw list (Headers.get
         # scans and decodes the list on every call).
         wanted = _wanted_headers(request.scope["headers"])
         client_id = client_request_id(wanted.get(REQUEST_ID_HEADER))
@@ -132,7 +132,9 @@ class CompletionsProxy:
                 wanted.get("authorization"), wanted.get(ON_BEHALF_OF)
             )
             fields["key"] = caller.name
-            raw = await read_body(request, self._settings.gateway.max_body_bytes)
+            raw = await receive_body(
+                request.receive, wanted.get("content-length"), self._settings.gateway.max_body_bytes
+            )
             req = inspect(
                 raw,
                 wanted.get(TIER_HEADER),
@@ -310,13 +312,13 @@ class CompletionsProxy:
                 self._count_tokens(tier, req.model, result.usage)
             if result.first_token_at is not None:
                 ttft = result.first_token_at - ctx.started
-                self._metrics.ttft.labels(tier.value).observe(ttft)
+                self._metrics.observe(self._metrics.ttft, ttft, tier)
                 fields["ttft_ms"] = round(ttft * 1000.0, 3)
                 usage = result.usage or {}
                 out_tokens = int(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
                 if out_tokens > 1:
                     tpot = (end - result.first_token_at) / (out_tokens - 1)
-                    self._metrics.tpot.labels(tier.value).observe(tpot)
+                    self._metrics.observe(self._metrics.tpot, tpot, tier)
                     fields["tpot_ms"] = round(tpot * 1000.0, 3)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
@@ -434,9 +436,9 @@ class CompletionsProxy:
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
         m = self._metrics
         if isinstance(prompt, int):
-            m.child(m.prompt_tokens, tier.value, model).inc(prompt)
+            m.count(m.prompt_tokens, tier, model, amount=prompt)
         if isinstance(completion, int):
-            m.child(m.completion_tokens, tier.value, model).inc(completion)
+            m.count(m.completion_tokens, tier, model, amount=completion)
 
     def _finish(
         self,
@@ -455,11 +457,11 @@ class CompletionsProxy:
         # Only validated model names become label values, so the label set stays bounded.
         model_label = model if model is not None and self._serves(model) else "unknown"
         m = self._metrics
-        m.child(m.requests, tier_label, model_label, path, str(status)).inc()
+        m.count(m.requests, tier_label, model_label, path, str(status))
         if tier is not None and status < 400:
-            m.child(m.latency, tier_label).observe(elapsed)
+            m.observe(m.latency, elapsed, tier_label)
         if overhead is not None:
-            m.child(m.overhead, "true" if stream else "false").observe(overhead)
+            m.observe(m.overhead, overhead, "true" if stream else "false")
             fields["overhead_ms"] = round(overhead * 1000.0, 3)
         if self._access_log is not None:
             fields.update(status=status, latency_ms=round(elapsed * 1000.0, 3))
@@ -479,7 +481,14 @@ def _framework_not_found(raw: bytes) -> bool:
 
 
 _WANTED = {
-    name.encode(): name for name in (REQUEST_ID_HEADER, "authorization", ON_BEHALF_OF, TIER_HEADER)
+    name.encode(): name
+    for name in (
+        REQUEST_ID_HEADER,
+        "authorization",
+        ON_BEHALF_OF,
+        TIER_HEADER,
+        "content-length",
+    )
 }
 
 
