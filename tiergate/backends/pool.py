@@ -114,10 +114,13 @@ class TierPool:
 
     def serves_route(self, path: str) -> bool | None:
         """Whether this tier's engines serve a route: None while none has said."""
-        known = [ep.routes for ep in self.endpoints.values() if ep.routes is not None]
-        if not known:
-            return None
-        return any(path in routes for routes in known)
+        said = False
+        for ep in self.endpoints.values():
+            if ep.routes is not None:
+                if path in ep.routes:
+                    return True
+                said = True
+        return False if said else None
 
     def models(self) -> dict[str, dict[str, Any]]:
         cards: dict[str, dict[str, Any]] = {}

@@ -46,6 +46,11 @@ class LoadAwareRouter:
     def choose(self, candidates: Sequence[Endpoint], prefix_key: int | None) -> Endpoint:
         if not candidates:
             raise ValueError("no candidates")
+        if len(candidates) == 1:  # one endpoint: no ordering or scores to compare
+            only = candidates[0]
+            if prefix_key is not None:
+                self.affinity.put(prefix_key, only.url)
+            return only
         # Rotate the starting point so that equal scores spread over endpoints.
         self._turn = (self._turn + 1) % len(candidates)
         ordered = list(candidates[self._turn :]) + list(candidates[: self._turn])

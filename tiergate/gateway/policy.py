@@ -64,6 +64,9 @@ class TierDecision:
         return (self.tier,) if self.fallback is None else (self.tier, self.fallback)
 
 
+# Every tier, in order (iterating the enum itself makes a generator each time).
+_TIERS = tuple(Tier)
+
 # Which routes a tier serves: None while its engines have not said (the route is then
 # assumed served, and vLLM's own answer stands).
 RouteSupport = Callable[[Tier, str], bool | None]
@@ -116,7 +119,7 @@ class TierPolicy:
         return dataclasses.replace(decision, urgency=urgency)
 
     def _decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierDecision:
-        usable = [t for t in Tier if caller.may_use_tier(t)]
+        usable = [t for t in _TIERS if caller.may_use_tier(t)]
         if asked.tier is not None:
             tier, reason = asked.tier, asked.reason
             if tier not in usable:
