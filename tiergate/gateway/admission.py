@@ -113,6 +113,9 @@ class Admission:
         return prompt_tokens > self._settings.long_context_tokens
 
     async def admit(self, tier: Tier, priority: int, long_prompt: bool) -> Ticket:
+        gate = self.tiers[tier]
+        if not (long_prompt and tier in self.long) and gate.try_enter():
+            return Ticket([gate], 0.0)  # a free slot and no queue: nothing to wait for
         started = time.perf_counter()
         gates: list[Gate] = []
         try:
