@@ -14,7 +14,6 @@ echoed prompt, token ids, beam search) or that vLLM would refuse as streams diff
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -247,8 +246,7 @@ async def read_assembled(
     spent = 0.0
     wait = timeouts.first_byte_seconds  # queueing and prefill come before the first token
     while not assembler.done:
-        async with asyncio.timeout(wait):
-            chunk = await reader.readany()
+        chunk = await reader.readany(wait)
         if not chunk:
             raise UpstreamDisconnected("the engine ended the stream before it was complete")
         started = time.perf_counter()

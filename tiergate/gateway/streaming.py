@@ -184,8 +184,8 @@ async def relay_events(
     try:
         while True:
             try:
-                async with asyncio.timeout(between_chunks_seconds):
-                    chunk = await reader.readany()
+                # The wait's own timer, not asyncio.timeout around it: one per chunk.
+                chunk = await reader.readany(between_chunks_seconds)
             except TimeoutError:
                 outcome.error = "upstream_stalled"
                 opened.endpoint.record_failure()

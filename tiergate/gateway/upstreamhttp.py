@@ -246,9 +246,13 @@ class UpstreamResponse:
         self.status = conn.status
         self.headers = conn.headers
 
-    async def readany(self) -> bytes:
-        """The body bytes that have arrived, waiting for some; ``b""`` at its end."""
+    async def readany(self, wait_seconds: float | None = None) -> bytes:
+        """The body bytes that have arrived, waiting for some (each wait at most
+        ``wait_seconds``, by default the response's read timeout; then TimeoutError);
+        ``b""`` at its end."""
         conn = self._conn
+        if wait_seconds is None:
+            wait_seconds = self._read_timeout
         while True:
             if conn.body:
                 return conn.take_body()
@@ -257,7 +261,7 @@ class UpstreamResponse:
             if conn.complete or self._done:
                 self.close()
                 return b""
-            await conn.wait(self._read_timeout)
+            await conn.wait(wait_seconds)
 
     async def read(self) -> bytes:
         """The whole body. What has arrived is taken while the rest comes, so that a body
