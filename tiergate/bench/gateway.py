@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tiergate.bench.gateway_report import DISTURBED_SPREAD, command_line, render_markdown
+from tiergate.bench.gateway_report import DISTURBED_SPREAD, command_line, render_markdown, targets
 from tiergate.bench.load import (
     FIXED_RATE,
     MODEL,
@@ -378,12 +378,15 @@ def run_gateway_benchmark(
                 name: _measure(name, plain, stream, duration, n_streams, workdir)
                 for name, plain, stream in systems
             }
-            runs.append({"systems": measured, "derived": _derive(measured)})
-            d = runs[-1]["derived"]["tiergate"]
+            derived = _derive(measured)
+            verdict = targets(derived)
+            runs.append({"systems": measured, "derived": derived, "targets": verdict})
             progress(
-                f"run {i + 1}: tiergate/vllm-router saturation "
-                f"{d['saturation_vs_vllm_router']:.3f}, added p50 at {FIXED_RATE:g} req/s "
-                f"{d['added']['fixed_rate_p50_ms']:.3f} ms"
+                f"run {i + 1}: "
+                + "; ".join(
+                    f"{name} {t['value']:.3f} ({'met' if t['met'] else 'missed'})"
+                    for name, t in verdict.items()
+                )
             )
     except BaseException:
         procs.report_failure()
@@ -401,7 +404,7 @@ def run_gateway_benchmark(
         "streams": n_streams,
         "fixed_rate_rps": FIXED_RATE,
         "command": command_line(duration, repeat, workers),
-        "median": _median_tree(runs),
+        "median": _median_tree([{"systems": r["systems"], "derived": r["derived"]} for r in runs]),
         "disturbed_runs": _disturbed(runs),
         "runs": runs,
     }

@@ -8,6 +8,36 @@ from typing import Any
 # A run whose direct saturation is this far off the median ran beside something else.
 DISTURBED_SPREAD = 0.15
 
+# The gateway's overhead targets (issue 22), each judged within one run against that run's
+# own vllm-router: saturation per core at least this share of vllm-router's; added p50 at
+# the fixed rate at most vllm-router's plus this; chunk lateness added under this.
+SATURATION_SHARE = 0.5
+FIXED_RATE_MARGIN_MS = 0.5
+LATENESS_LIMIT_MS = 0.5
+
+
+def targets(derived: dict[str, Any], system: str = "tiergate") -> dict[str, dict[str, Any]]:
+    """The three targets for one run's derived figures: each with the figure, its bound
+    and whether it was met."""
+    ours, router = derived[system], derived["vllm-router"]
+    saturation = float(ours["saturation_vs_vllm_router"])
+    p50 = float(ours["added"]["fixed_rate_p50_ms"])
+    p50_bound = float(router["added"]["fixed_rate_p50_ms"]) + FIXED_RATE_MARGIN_MS
+    lateness = float(ours["added"]["stream_lateness_p50_ms"])
+    return {
+        "saturation_vs_vllm_router": {
+            "value": saturation,
+            "bound": SATURATION_SHARE,
+            "met": saturation >= SATURATION_SHARE,
+        },
+        "fixed_rate_added_p50_ms": {"value": p50, "bound": p50_bound, "met": p50 <= p50_bound},
+        "stream_lateness_added_p50_ms": {
+            "value": lateness,
+            "bound": LATENESS_LIMIT_MS,
+            "met": lateness < LATENESS_LIMIT_MS,
+        },
+    }
+
 
 def command_line(duration: float, repeat: int, workers: Sequence[int]) -> str:
     return (
@@ -96,7 +126,29 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"{DISTURBED_SPREAD:.0%} off the median (something else ran on the machine).",
             "",
         ]
+    verdicts = [targets(run["derived"]) for run in r["runs"]]
+    held = sum(all(t["met"] for t in v.values()) for v in verdicts)
     lines += [
+        f"Targets, each run against its own vllm-router: all three held in {held} of "
+        f"{len(verdicts)} run(s).",
+        "",
+        "| run | saturation vs vllm-router (at least "
+        f"{SATURATION_SHARE:g}) | added p50 at {rate} req/s, ms (at most vllm-router's + "
+        f"{FIXED_RATE_MARGIN_MS:g}) | chunk lateness added p50, ms (under "
+        f"{LATENESS_LIMIT_MS:g}) |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {i + 1} | "
+            + " | ".join(
+                f"{t['value']:.3f}"
+                + (f" (bound {t['bound']:.3f})" if name == "fixed_rate_added_p50_ms" else "")
+                + (": met" if t["met"] else ": missed")
+                for name, t in v.items()
+            )
+            + " |"
+            for i, v in enumerate(verdicts)
+        ),
+        "",
         f"Per run, saturation req/s ({' / '.join(names)}):",
         "",
         *(
