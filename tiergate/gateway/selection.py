@@ -47,7 +47,17 @@ class InspectedRequest:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit``
     (from Content-Length, or while reading a chunked body)."""
-    return await receive_body(request.receive, request.headers.get("content-length"), limit)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # a body the framework already read comes first
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
