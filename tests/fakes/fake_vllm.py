@@ -48,6 +48,8 @@ class FakeBehaviour:
     # chunk comes this long after the last content chunk.
     chunk_chars: int = 0
     usage_delay: float = 0.0
+    # How long after `[DONE]` the response's body ends (vLLM ends it in a write of its own).
+    end_delay: float = 0.0
     # Like an engine started with vLLM's default --scheduling-policy fcfs: a completion
     # asking for a nonzero `priority` is answered 400.
     refuses_priority: bool = False
@@ -385,6 +387,8 @@ class FakeVllm:
             }
             await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if b.end_delay:
+            await asyncio.sleep(b.end_delay)
         return resp
 
     def _response_object(self, text: str, status: str) -> dict[str, Any]:

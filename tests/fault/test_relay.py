@@ -96,6 +96,31 @@ def test_stream_left_before_its_usage_is_charged_what_was_relayed(
         assert "tokens per minute" in refused.json()["error"]["message"]
 
 
+def test_stream_closed_by_the_client_at_its_done_is_served_not_cancelled(
+    fakes: list[FakeVllm],
+) -> None:
+    """The openai SDK closes the connection as soon as it reads ``[DONE]``; vLLM ends its
+    body in a later write. The client got the whole answer: a 200, not a disconnect."""
+    fakes[0].behaviour.end_delay = 2.0
+    with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
+        url = f"{base}/v1/chat/completions"
+        with httpx.stream("POST", url, json={**CHAT, "stream": True}) as resp:
+            assert resp.status_code == 200
+            lines = []
+            for line in resp.iter_lines():
+                lines.append(line)
+                if line == "data: [DONE]":
+                    break  # and close, as the SDK does
+        assert lines[-1] == "data: [DONE]"
+
+        def counted(status: str) -> float:
+            return metric_value(base, "tiergate_requests_total", tier="standard", status=status)
+
+        eventually(lambda: counted("200") + counted("499") == 1, 10, what="the stream counted")
+        assert counted("200") == 1
+        assert metric_value(base, "tiergate_client_disconnects_total") == 0
+
+
 def _in_flight(base: str) -> float:
     return metric_value(base, "tiergate_admission_in_flight", tier="standard", lane="all")
 

@@ -221,7 +221,10 @@ async def relay_events(
             "upstream_stream_broken",
         )
     except asyncio.CancelledError:
-        outcome.cancelled = True
+        # A client that hangs up once it has the stream's end (the openai SDK closes at
+        # `[DONE]`, before the engine's body has ended) got the whole answer.
+        if not outcome.completed:
+            outcome.cancelled = True
         raise
     finally:
         on_finish(outcome)
