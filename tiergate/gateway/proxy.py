@@ -44,6 +44,7 @@ from tiergate.gateway.streaming import (
 )
 from tiergate.gateway.upstream import Opened, UpstreamCaller
 from tiergate.gateway.upstreamhttp import UpstreamClient
+from tiergate.gateway.wire import JSONAnswer, wanted_headers
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
@@ -124,7 +125,7 @@ class CompletionsProxy:
         request_id = self._ids.next()
         # The headers the gateway reads, in one pass over the raw list (Headers.get
         # scans and decodes the list on every call).
-        wanted = _wanted_headers(request.scope["headers"])
+        wanted = wanted_headers(request.scope["headers"])
         client_id = client_request_id(wanted.get(REQUEST_ID_HEADER))
         headers = {REQUEST_ID_HEADER: client_id or request_id, INTERNAL_ID_HEADER: request_id}
         fields: dict[str, Any] = {"request_id": request_id, "path": path}
@@ -474,22 +475,6 @@ class CompletionsProxy:
             self._access_log.write(fields)
 
 
-class JSONAnswer(Response):
-    """A 200 JSON answer with the headers the gateway wrote (lower-case names, neither
-    content-type nor content-length among them): Response without its header scan."""
-
-    media_type = "application/json"
-
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
-        self.status_code = 200
-        self.background = None
-        self.body = body
-        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
-        raw.append((b"content-length", b"%d" % len(body)))
-        raw.append((b"content-type", b"application/json"))
-        self.raw_headers = raw
-
-
 def _is_event_stream(headers: dict[str, str]) -> bool:
     return headers.get("content-type", "").startswith("text/event-stream")
 
@@ -500,26 +485,3 @@ def _framework_not_found(raw: bytes) -> bool:
     except orjson.JSONDecodeError:
         return False
     return isinstance(body, dict) and body.get("detail") in ("Not Found", "Method Not Allowed")
-
-
-_WANTED = {
-    name.encode(): name
-    for name in (
-        REQUEST_ID_HEADER,
-        "authorization",
-        ON_BEHALF_OF,
-        TIER_HEADER,
-        "content-length",
-    )
-}
-
-
-def _wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The headers the gateway reads, as ``request.headers.get`` gives them (names are
-    lower-case in ASGI; the first of repeated ones; latin-1)."""
-    found: dict[str, str] = {}
-    for name, value in raw:
-        key = _WANTED.get(name)
-        if key is not None and key not in found:
-            found[key] = value.decode("latin-1")
-    return found
