@@ -8,7 +8,8 @@ Rules it keeps:
 - every event gets the next free sequence number, each written once (If-None-Match), so
   two writers (a gateway cancelling while a worker steps) never overwrite each other;
 - a terminal event follows a terminal record; a job whose writer died between the two gets
-  it from :meth:`ensure_terminal_event` on its next delivery;
+  it from :meth:`ensure_terminal_event` on its next delivery; however many writers end a
+  job, its stream has one terminal event (``JobStore.append_event_once``);
 - one job's writes land in the order they are made: the worker's ``start`` may write in the
   background (``wait=False``, while the job's first command spawns: nothing a caller is
   promised depends on seeing "in_progress" before the command runs), and every later
@@ -57,12 +58,19 @@ class JobLifecycle:
         if check is not None:
             check()
 
-    def _emit(self, job_id: str, kind: str, **data: Any) -> None:
+    def _emit(self, job_id: str, kind: str, *, once: bool = False, **data: Any) -> None:
+        """``once``: the job's terminal event, which another writer may be writing too."""
         event = {"type": kind, "created_at": int(time.time()), **data}
         hint = self._sequence.get(job_id)
-        if hint is None:
-            hint = self._store.last_sequence(job_id)
-        self._sequence[job_id] = self._store.append_event(job_id, event, after=hint)
+        if once:
+            # From this process's own last event, the ender's (no terminal event can
+            # precede it); else from the start, for one may be anywhere.
+            hint = self._store.append_event_once(job_id, event, after=hint or 0)
+        else:
+            if hint is None:
+                hint = self._store.last_sequence(job_id)
+            hint = self._store.append_event(job_id, event, after=hint)
+        self._sequence[job_id] = hint
 
     def forget(self, job_id: str) -> None:
         self._sequence.pop(job_id, None)
@@ -227,12 +235,16 @@ class JobLifecycle:
             job.error = error
         if incomplete is not None:
             job.incomplete_details = {"reason": incomplete}
+        if job.id not in self._sequence:  # listed before the record: no terminal event yet
+            self._sequence[job.id] = self._store.last_sequence(job.id)
         if not self._store.finalize(job):
             log.info("job %s: already finished by another writer", job.id)
+            self.forget(job.id)
             return self._store.final(job.id) or job
         self._emit(
             job.id,
             f"job.{status.value}",
+            once=True,
             status=status.value,
             job=job.model_dump(mode="json", exclude={"owner", "created_ms"}),
         )
@@ -240,12 +252,13 @@ class JobLifecycle:
         return job
 
     def ensure_terminal_event(self, final: Job) -> None:
-        kind = f"job.{final.status.value}"
-        if any(e["type"] == kind for e in self._store.events(final.id, 0)):
-            return
+        """Write the ended job's terminal event unless it is there, or lands meanwhile
+        from the writer that ended the job (:meth:`JobStore.append_event_once`)."""
+        self.forget(final.id)  # looked for from the stream's start
         self._emit(
             final.id,
-            kind,
+            f"job.{final.status.value}",
+            once=True,
             status=final.status.value,
             job=final.model_dump(mode="json", exclude={"owner", "created_ms"}),
         )

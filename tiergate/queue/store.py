@@ -237,6 +237,25 @@ class JobStore:
             sequence = self.last_sequence(job_id) + 1
         raise StorageError("object storage: could not append an event")
 
+    def append_event_once(self, job_id: str, event: dict[str, Any], after: int = 0) -> int:
+        """Add an event a job has one of (its terminal event) unless one of its type is
+        there already; returns the number it has. Writers of it (the one that ended the
+        job, one that found the job ended without it) all aim at the lowest free number
+        and, on finding a number taken, read what took it: the first to land is the only
+        one, and a write that landed but whose answer was lost is found, not repeated.
+        ``after``: a number no later than any such event there may be (0 when unknown)."""
+        kind, sequence = event["type"], max(after, 0) + 1
+        for _ in range(1000):
+            body = json.dumps({**event, "sequence_number": sequence}).encode()
+            if self.objects.put_once(self._key(job_id, f"events/{sequence:08d}.json"), body):
+                return sequence
+            since = self.events(job_id, sequence - 1)
+            for seen in since:
+                if seen["type"] == kind:
+                    return int(seen["sequence_number"])
+            sequence = max([sequence, *(e["sequence_number"] for e in since)]) + 1
+        raise StorageError("object storage: could not append an event")
+
     def last_sequence(self, job_id: str) -> int:
         keys = self.objects.keys(self._key(job_id, "events/"))
         return int(keys[-1].rsplit("/", 1)[1].split(".")[0]) if keys else 0
