@@ -10,6 +10,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from tiergate import cli
+from tiergate.gateway.coalesce import CoalescingHttpToolsProtocol
 from tiergate.gateway.requestids import client_request_id
 from tiergate.gateway.serving import uvicorn_options
 from tiergate.settings import Settings, SettingsError, load_settings
@@ -23,7 +24,7 @@ def test_defaults_keep_todays_behaviour() -> None:
     assert not gateway.metrics_on_serving_port
     assert uvicorn_options(gateway) == {
         "loop": "uvloop",
-        "http": "httptools",
+        "http": CoalescingHttpToolsProtocol,
         "timeout_graceful_shutdown": 30.0,
         "limit_concurrency": None,
         "timeout_keep_alive": 5.0,
@@ -57,7 +58,7 @@ def test_event_loop_and_parser_are_uvloop_and_httptools() -> None:
 
     config = uvicorn.Config(_noop_app, **uvicorn_options(load_settings().gateway))
     config.load()
-    assert config.http_protocol_class is HttpToolsProtocol
+    assert issubclass(config.http_protocol_class, HttpToolsProtocol)
     factory = config.get_loop_factory()
     assert factory is not None
     loop = factory()
@@ -119,7 +120,7 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
     assert result.exit_code == 0, result.output
     assert seen["app"] == "tiergate.gateway.workers:worker_app" and seen["factory"] is True
     assert (seen["workers"], seen["port"]) == (2, 9125)
-    assert seen["loop"] == "uvloop" and seen["http"] == "httptools"
+    assert seen["loop"] == "uvloop" and seen["http"] is CoalescingHttpToolsProtocol
     # A folder of its own for the metrics files, removed when the server stops.
     assert seen["folder_existed"] and not os.path.exists(seen["folder"])
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == seen["folder"]  # for the workers
