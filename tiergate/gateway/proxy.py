@@ -250,8 +250,11 @@ class CompletionsProxy:
             raw = orjson.dumps(data)
         overhead = ctx.gateway_seconds() + assembling + (time.perf_counter() - received)
         ctx.headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
-        self._finish(ctx.fields, ctx.started, ctx.path, tier, req.model, 200, overhead=overhead)
-        return JSONAnswer(raw, ctx.headers)
+
+        def finish() -> None:  # once the answer is on its way (its latency includes that)
+            self._finish(ctx.fields, ctx.started, ctx.path, tier, req.model, 200, overhead=overhead)
+
+        return JSONAnswer(raw, ctx.headers, finish)
 
     def _relay_body(self, ctx: RequestContext, opened: Opened) -> Response:
         """A large answer that the gateway need not rewrite goes through as it arrives."""

@@ -3,7 +3,11 @@ gateway writes it: the hot path's two ends, without Starlette's per-header scans
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from tiergate.gateway.auth import ON_BEHALF_OF
 from tiergate.gateway.requestids import REQUEST_ID_HEADER
@@ -12,18 +16,34 @@ from tiergate.gateway.selection import TIER_HEADER
 
 class JSONAnswer(Response):
     """A 200 JSON answer with the headers the gateway wrote (lower-case names, neither
-    content-type nor content-length among them): Response without its header scan."""
+    content-type nor content-length among them): Response without its header scan.
+
+    ``after``: the request's bookkeeping (metrics, the access log line), run once the
+    answer is handed to the connection, in a callback of its own: the client's answer
+    does not wait for it. The connection's send of this pass of the loop
+    (:mod:`tiergate.gateway.coalesce`) was scheduled first, so it goes out before."""
 
     media_type = "application/json"
 
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+    def __init__(
+        self, body: bytes, headers: dict[str, str], after: Callable[[], None] | None = None
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.body = body
+        self.after = after
         raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         raw.append((b"content-length", b"%d" % len(body)))
         raw.append((b"content-type", b"application/json"))
         self.raw_headers = raw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            if self.after is not None:
+                asyncio.get_running_loop().call_soon(self.after)
 
 
 _WANTED = {
