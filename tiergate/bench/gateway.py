@@ -12,9 +12,12 @@ ZeroCostFakeBackend for streams) and the load generators share core 1. vllm-rout
    also its own ``x-tiergate-overhead-ms``, next to what the client sees it add;
 4. streams of 20 chunks 10 ms apart: time to first chunk and how late each later chunk is.
 
-``repeat`` runs the whole set that many times against the same processes; the report gives
-each figure's median over the runs and every run's figures, and flags a run whose direct
-saturation differs from the median by more than 15% (the machine was busy).
+Each kind of measurement is taken of the systems back to back, their order rotated from
+run to run, so that the proxies compared are measured seconds apart on a machine whose
+speed moves within a minute. ``repeat`` runs the whole set that many times against the
+same processes; the report gives each figure's median over the runs and every run's
+figures, and flags a run whose direct saturation differs from the median by more than 15%
+(the machine was busy).
 """
 
 from __future__ import annotations
@@ -198,27 +201,38 @@ def _gateway_env(nginx_port: int, stream_port: int, port: int, metrics_port: int
 
 
 def _measure(
-    name: str, plain: str, stream: str, duration: float, streams: int, workdir: Path
-) -> dict[str, Any]:
-    _say(f"  {name}: saturation (wrk, 32 connections, {duration:g}s)")
-    sat = wrk(plain, workdir, duration)
-    _say(f"  {name}:   {sat['rps']:.0f} req/s")
-    _say(f"  {name}: fixed {FIXED_RATE:g} req/s for {duration:g}s")
-    fixed = summary(asyncio.run(fixed_rate(plain, FIXED_RATE, duration)))
-    _say(f"  {name}: {SEQUENTIAL_REQUESTS} requests one at a time")
-    seq = asyncio.run(sequential(plain, SEQUENTIAL_REQUESTS))
-    _say(f"  {name}: {streams} streams of {STREAM_CHUNKS} chunks {STREAM_GAP_MS:g} ms apart")
-    st = asyncio.run(stream_lateness(stream, streams))
-    result: dict[str, Any] = {
-        "saturation": sat,
-        "fixed_rate_ms": fixed,
-        "sequential_ms": summary(seq["latency_ms"]),
-        "stream_ttfb_ms": summary(st["ttfb_ms"]),
-        "stream_chunk_lateness_ms": summary(st["chunk_lateness_ms"]),
-    }
-    if seq["reported_overhead_ms"]:
-        result["reported_overhead_ms"] = summary(seq["reported_overhead_ms"])
-    return result
+    systems: Sequence[tuple[str, str, str]],
+    duration: float,
+    streams: int,
+    workdir: Path,
+    shift: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Every system's figures of one run. Each kind of measurement is taken of the systems
+    back to back (their order rotated by ``shift``), not system after system: this shared
+    machine's speed moves by 20% within a minute, and the proxies are compared with each
+    other, so what is compared is measured seconds apart rather than most of a minute."""
+    order = [systems[(i + shift) % len(systems)] for i in range(len(systems))]
+    found: dict[str, dict[str, Any]] = {name: {} for name, _, _ in systems}
+    for name, plain, _ in order:
+        _say(f"  {name}: saturation (wrk, 32 connections, {duration:g}s)")
+        sat = wrk(plain, workdir, duration)
+        _say(f"  {name}:   {sat['rps']:.0f} req/s")
+        found[name]["saturation"] = sat
+    for name, plain, _ in order:
+        _say(f"  {name}: fixed {FIXED_RATE:g} req/s for {duration:g}s")
+        found[name]["fixed_rate_ms"] = summary(asyncio.run(fixed_rate(plain, FIXED_RATE, duration)))
+    for name, plain, _ in order:
+        _say(f"  {name}: {SEQUENTIAL_REQUESTS} requests one at a time")
+        seq = asyncio.run(sequential(plain, SEQUENTIAL_REQUESTS))
+        found[name]["sequential_ms"] = summary(seq["latency_ms"])
+        if seq["reported_overhead_ms"]:
+            found[name]["reported_overhead_ms"] = summary(seq["reported_overhead_ms"])
+    for name, _, stream in order:
+        _say(f"  {name}: {streams} streams of {STREAM_CHUNKS} chunks {STREAM_GAP_MS:g} ms apart")
+        st = asyncio.run(stream_lateness(stream, streams))
+        found[name]["stream_ttfb_ms"] = summary(st["ttfb_ms"])
+        found[name]["stream_chunk_lateness_ms"] = summary(st["chunk_lateness_ms"])
+    return found
 
 
 def _derive(run: dict[str, Any]) -> dict[str, Any]:
@@ -374,10 +388,7 @@ def run_gateway_benchmark(
             systems.append((name, url(port), url(port)))
         for i in range(repeat):
             progress(f"run {i + 1}/{repeat}")
-            measured = {
-                name: _measure(name, plain, stream, duration, n_streams, workdir)
-                for name, plain, stream in systems
-            }
+            measured = _measure(systems, duration, n_streams, workdir, shift=i)
             derived = _derive(measured)
             verdict = targets(derived)
             runs.append({"systems": measured, "derived": derived, "targets": verdict})
