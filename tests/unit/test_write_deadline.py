@@ -1,0 +1,54 @@
+"""A relay's write deadline (tiergate.gateway.relay._WriteDeadline): one timer per answer
+cuts the write that waits ``seconds``, at that moment, and never a client that is slow
+but takes each write in time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tiergate.gateway.relay import _WriteDeadline
+
+SECONDS = 0.3
+
+
+async def _writes(deadline: _WriteDeadline, takes: list[float]) -> None:
+    """Writes that each take the client ``takes[i]`` seconds, back to back."""
+    for seconds in takes:
+        deadline.since = deadline.loop.time()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            deadline.since = None
+
+
+async def test_a_slow_client_that_takes_each_write_in_time_is_never_cut() -> None:
+    deadline = _WriteDeadline(SECONDS)
+    # Eight writes of 0.2 s (1.6 s in all, five deadlines long), with pauses between.
+    task = asyncio.ensure_future(_writes(deadline, [0.2, 0.0, 0.2, 0.2, 0.1, 0.2, 0.2, 0.25]))
+    deadline.watch(task)
+    await task
+    deadline.stop()
+    assert not deadline.stalled
+
+
+async def test_the_write_that_waits_too_long_is_cut_when_its_deadline_passes() -> None:
+    deadline = _WriteDeadline(SECONDS)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.ensure_future(_writes(deadline, [0.2, 0.25, 5.0]))
+    deadline.watch(task)
+    await asyncio.wait([task])
+    deadline.stop()
+    assert deadline.stalled and task.cancelled()
+    # The third write began at about 0.45 s: it is cut about 0.3 s later, not at a
+    # multiple of the timer's period.
+    assert 0.7 <= loop.time() - started < 0.95
+
+
+async def test_stopped_it_cuts_nothing() -> None:
+    deadline = _WriteDeadline(0.05)
+    task = asyncio.ensure_future(_writes(deadline, [0.3]))
+    deadline.watch(task)
+    deadline.stop()
+    await task
+    assert not deadline.stalled
