@@ -39,6 +39,8 @@ def _running(store: JobStore) -> tuple[JobLifecycle, str]:
     gateway = JobLifecycle(store)
     job = gateway.new_job(f"job_{uuid.uuid4().hex}", "team-a", SPEC)
     assert gateway.create(job, SPEC)
+    # The gateway's process accepts jobs for as long as it runs: it keeps nothing per job.
+    assert gateway._sequence == {}
     return gateway, job.id
 
 

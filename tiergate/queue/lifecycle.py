@@ -110,6 +110,7 @@ class JobLifecycle:
         if not self._store.create(job, spec):
             return False
         self._emit(job.id, "job.queued", status="queued")
+        self.forget(job.id)  # the gateway keeps nothing per job it accepted
         return True
 
     def discard(self, job: Job) -> None:
