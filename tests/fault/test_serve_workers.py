@@ -104,6 +104,13 @@ def test_two_workers_serve_and_metrics_count_both(two_workers: tuple[str, Path])
             if len(list(folder.glob("counter_*.db"))) >= 2:
                 break
     assert len(list(folder.glob("counter_*.db"))) == 2, "one process served every request"
+    # A request is counted just after its answer is handed to the connection: the last
+    # ones may land a moment after their client had them.
+    eventually(
+        lambda: _requests_total(httpx.get(f"{base}/metrics").text) == sent,
+        10,
+        what="every answered request counted",
+    )
     # Any process answers a scrape with the requests of both.
     for _ in range(6):
         with httpx.Client() as client:

@@ -92,6 +92,33 @@ def test_a_terminal_event_whose_write_landed_but_whose_answer_was_lost_is_not_wr
     assert len(_terminal(store, job_id)) == 1
 
 
+def test_a_number_refused_while_nothing_is_there_is_tried_again_not_skipped(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 may refuse a conditional PUT with 409 while a concurrent write to the key is
+    still landing, and that write may land or fail. Moving past the number would put the
+    terminal event after a gap, where a writer from a lower number could add another."""
+    _, job_id = _running(store)
+    worker = JobLifecycle(store)
+    job = worker.start(JobMessage(id=job_id, owner="team-a", spec=SPEC), 1, run=1)
+    put_once = store.objects.put_once
+    refused: list[str] = []
+
+    def refused_once_unwritten(key: str, body: bytes, **kw: Any) -> bool:
+        if b"job.incomplete" in body and not refused:
+            refused.append(key)  # the other write failed: nothing lands here
+            return False
+        return put_once(key, body, **kw)
+
+    monkeypatch.setattr(store.objects, "put_once", refused_once_unwritten)
+    worker.finish(job, JobStatus.INCOMPLETE, incomplete="max_steps")
+    monkeypatch.undo()
+    assert refused and len(_terminal(store, job_id)) == 1
+    sequences = [e["sequence_number"] for e in store.events(job_id, 0)]
+    assert sequences == list(range(1, len(sequences) + 1))  # no gap
+    assert refused[0].endswith(f"{sequences[-1]:08d}.json")  # the same number, again
+
+
 def test_the_event_of_a_writer_that_died_after_the_record_is_written_on_the_next_delivery(
     store: JobStore,
 ) -> None:

@@ -15,7 +15,11 @@ import httpx
 import uvicorn
 
 from tests.waiting import eventually
-from tiergate.gateway.coalesce import CoalescingHttpToolsProtocol, CoalescingTransport
+from tiergate.gateway.coalesce import (
+    FLUSH_AT_BYTES,
+    CoalescingHttpToolsProtocol,
+    CoalescingTransport,
+)
 from tiergate.gateway.serving import uvicorn_options
 from tiergate.measure.ports import free_port
 from tiergate.settings import load_settings
@@ -69,6 +73,21 @@ async def test_writes_of_one_pass_leave_in_one_send_in_order() -> None:
     t.writelines([b"a", b"b"])
     await _a_pass()
     assert fake.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"later", b"ab"]
+
+
+async def test_a_pass_that_writes_a_lot_sends_at_the_flow_control_mark() -> None:
+    """uvicorn checks flow control before each write: past the mark, writes go out at
+    once, so the transport can pause the writer as it did before."""
+    fake = FakeTransport()
+    t = CoalescingTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
+    piece = b"x" * (FLUSH_AT_BYTES // 4)
+    for _ in range(4):
+        t.write(piece)
+    assert fake.writes == [piece * 4]  # sent when the mark was reached, in the same pass
+    t.write(b"tail")
+    assert t.get_write_buffer_size() == 4
+    await _a_pass()
+    assert fake.writes == [piece * 4, b"tail"]
 
 
 async def test_close_sends_what_was_written_first_and_abort_drops_it() -> None:

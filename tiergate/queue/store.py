@@ -40,6 +40,10 @@ from tiergate.protocol import Job, JobCreate
 from tiergate.queue.lease import Leases
 from tiergate.settings import StorageSettings
 
+# How long a writer waits before trying an event number again that was refused while
+# nothing could be read there (a write still landing).
+_UNSEEN_RETRY_SECONDS = 0.05
+
 __all__ = ["ARTIFACTS", "JobStore", "StorageError"]
 
 ARTIFACTS = {
@@ -253,7 +257,15 @@ class JobStore:
             for seen in since:
                 if seen["type"] == kind:
                     return int(seen["sequence_number"])
-            sequence = max([sequence, *(e["sequence_number"] for e in since)]) + 1
+            taken = {int(e["sequence_number"]) for e in since}
+            if sequence in taken:
+                while sequence in taken:
+                    sequence += 1  # the lowest number not seen taken
+            else:
+                # Refused, yet nothing is there: a concurrent write still landing (S3
+                # answers the loser 409 ConditionalRequestConflict) or one that failed.
+                # Never past a number whose holder is unseen: the same one, after a moment.
+                time.sleep(_UNSEEN_RETRY_SECONDS)
         raise StorageError("object storage: could not append an event")
 
     def last_sequence(self, job_id: str) -> int:
