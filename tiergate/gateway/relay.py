@@ -73,12 +73,13 @@ class RelayResponse(StreamingResponse):
 class _WriteDeadline:
     """One timer per relayed answer, not one per write (an ``asyncio.timeout`` context
     costs about 10 us a write warm under uvloop, a few times that cold, and a stream
-    writes every chunk): a write records when it
-    began (``since``); the timer, when it fires, cuts a write that has waited
-    ``seconds``, and otherwise fires again when the current write would reach it, or
-    ``seconds`` from now when none is waiting. A write is so cut exactly ``seconds``
-    after it began: a timer set while no write waited fires before any later write's
-    deadline."""
+    writes every chunk).
+
+    A write records when it began (``since``). The timer, when it fires, cuts a write
+    that has waited ``seconds``; otherwise it fires again when the current write would
+    reach that, or ``seconds`` from now when none is waiting. A write is so cut exactly
+    ``seconds`` after it began: a timer set while no write waited fires before any later
+    write's deadline."""
 
     __slots__ = ("_task", "_timer", "loop", "seconds", "since", "stalled")
 

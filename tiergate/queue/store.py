@@ -259,8 +259,8 @@ class JobStore:
                     return int(seen["sequence_number"])
             taken = {int(e["sequence_number"]) for e in since}
             if sequence in taken:
-                while sequence in taken:
-                    sequence += 1  # the lowest number not seen taken
+                while sequence in taken:  # on to the lowest number not seen taken
+                    sequence += 1
             else:
                 # Refused, yet nothing is there: a concurrent write still landing (S3
                 # answers the loser 409 ConditionalRequestConflict) or one that failed.
