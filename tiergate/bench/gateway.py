@@ -49,6 +49,7 @@ from tiergate.bench.load import (
     wrk,
 )
 from tiergate.bench.report import write_report
+from tiergate.measure.fingerprint import cpu_kind
 from tiergate.measure.ports import free_ports
 from tiergate.measure.wait import wait_until
 
@@ -130,6 +131,12 @@ def find_vllm_router() -> str:
 
 
 def cpu_model() -> str:
+    """The CPU every benchmark report names beside its figures: the model name with its
+    family, model and vector instructions (:func:`~tiergate.measure.fingerprint.cpu_kind`),
+    or lscpu's model name where /proc/cpuinfo has none (some ARM kernels)."""
+    kind = cpu_kind()
+    if not kind.startswith("unknown"):
+        return kind
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
@@ -137,13 +144,7 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except (OSError, subprocess.CalledProcessError):
         pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    return kind
 
 
 class _Processes:

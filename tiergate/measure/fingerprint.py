@@ -29,6 +29,9 @@ KERNEL_FLAGS = (
     "amx_bf16",
 )
 
+# What a report names beside "AVX-512": INT8 dot products, bf16 arithmetic, matrix tiles.
+_AVX512_EXTRAS = (("VNNI", "avx512_vnni"), ("BF16", "avx512_bf16"), ("AMX", "amx_tile"))
+
 
 def _cpuinfo(text: str) -> tuple[str, set[str]]:
     model, flags = "unknown", set[str]()
@@ -42,6 +45,39 @@ def _cpuinfo(text: str) -> tuple[str, set[str]]:
     return model, flags
 
 
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _first(text: str, name: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_kind(cpuinfo: str | None = None) -> str:
+    """The processor as a benchmark names it beside its figures: the model name, and what
+    tells apart machines that share one (a virtual machine's "AMD EPYC" was a Zen 3 with
+    AVX2 only on one host and a Zen 5 with AVX-512 on another): the family and model
+    numbers and the widest vector instructions, e.g. ``AMD EPYC (family 26 model 2;
+    AVX-512, VNNI, BF16)``. ``cpuinfo`` is for tests."""
+    text = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    model, flags = _cpuinfo(text)
+    family, number = _first(text, "cpu family"), _first(text, "model")
+    isa = ["AVX-512"] if "avx512f" in flags else ["AVX2 only"] if "avx2" in flags else []
+    if "avx512f" in flags:
+        isa += [name for name, flag in _AVX512_EXTRAS if flag in flags]
+    parts = [f"family {family} model {number}"] if family and number else []
+    if isa:
+        parts.append(", ".join(isa))
+    return f"{model} ({'; '.join(parts)})" if parts else model
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -51,12 +87,7 @@ def _version(dist: str) -> str:
 
 def hardware_fingerprint(cpuinfo: str | None = None, gpu: str | None = None) -> dict[str, str]:
     """This machine's fingerprint (``cpuinfo`` and ``gpu`` are for tests)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    model, flags = _cpuinfo(cpuinfo)
+    model, flags = _cpuinfo(_read_cpuinfo() if cpuinfo is None else cpuinfo)
     return {
         "cpu": model,
         "isa": ",".join(f for f in KERNEL_FLAGS if f in flags) or "baseline",
