@@ -79,16 +79,25 @@ def test_fast_tier_speculation_is_measured(vllm_servers: dict[Tier, VllmServer])
 def test_speculation_keeps_the_output_of_the_same_weights_without_it(
     vllm_servers: dict[Tier, VllmServer],
 ) -> None:
-    # Speculative decoding verifies every drafted token, so greedy output matches the same
-    # weights decoded one token at a time, up to bf16 numerics: the verification batch has
-    # another shape, which can flip a near-tie late in an answer.
+    # Speculative decoding verifies every drafted token, so greedy output is the same
+    # weights' argmax at every step, up to bf16 numerics: the verification batch has another
+    # shape, which can flip a near tie. How often depends on the processor's kernels (on an
+    # AMD EPYC with AVX-512 BF16, 7 of 8 answers parted after 21-60 tokens; elsewhere most
+    # matched whole), so what is asserted is the processor-independent part: wherever the
+    # answers part, the speculative engine's token is one the same weights, teacher-forced on
+    # the common prefix, rank within a near tie of their best. A draft accepted unverified
+    # would be a token far below it.
     report = losslessness(
         vllm_servers[Tier.FAST].url, vllm_servers[Tier.STANDARD].url, MODEL, max_tokens=64
     )
     assert report["prompts"] == 8
-    assert report["exact_match_rate"] >= 0.5, report["rows"]
-    for row in report["rows"]:
-        assert row["first_divergence"] is None or row["first_divergence"] >= 8, row
+    parted = [row for row in report["rows"] if not row["exact"]]
+    for row in parted:
+        assert row["first_divergence"] >= 1, row  # the first token is no tie for any prompt
+        assert row["near_tie"] is not False, row
+    # The answers are the model's own, not a speculative engine's unrelated text: they share
+    # their beginnings.
+    assert sum(row["first_divergence"] or 64 for row in report["rows"]) >= 8 * 8, report["rows"]
 
 
 def _broken_copy(source: Path, out: Path) -> Path:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tiergate.engine.gate import ParityMissing, ensure_parity
@@ -17,7 +19,13 @@ from tiergate.quant.parity import (
 )
 from tiergate.quant.tasks import TASKS, code_of
 from tiergate.settings import TierProfile
-from tiergate.speculative.measure import acceptance_between, first_divergence, spec_counters
+from tiergate.speculative.measure import (
+    NEAR_TIE_NATS,
+    acceptance_between,
+    first_divergence,
+    spec_counters,
+    tie_gap,
+)
 
 METRICS = """\
 # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
@@ -116,3 +124,23 @@ def test_report_renders_the_verdict() -> None:
     assert ("**passed**" in text) == report["passed"]
     assert "| add | code | True | False |" in text  # discordant tasks are listed
     assert "| t1 |" not in text
+
+
+def test_tie_gap_scores_the_token_against_the_best_teacher_forced() -> None:
+    # A fake engine (httpx.MockTransport) answering vLLM's completions with top logprobs
+    # keyed as token ids (return_tokens_as_token_ids).
+    asked: list[dict[str, Any]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        top = {"token_id:7": -0.1, "token_id:9": -0.3, "token_id:4": -6.0}
+        return httpx.Response(200, json={"choices": [{"logprobs": {"top_logprobs": [top]}}]})
+
+    with httpx.Client(base_url="http://engine", transport=httpx.MockTransport(engine)) as c:
+        assert tie_gap(c, "m", [1, 2, 3], 7) == 0.0
+        assert tie_gap(c, "m", [1, 2, 3], 9) == pytest.approx(0.2)  # a near tie
+        far = tie_gap(c, "m", [1, 2, 3], 4)
+        assert far is not None and far > NEAR_TIE_NATS  # no tie: an unverified draft
+        assert tie_gap(c, "m", [1, 2, 3], 5) is None  # not even in the top 20
+    assert asked[0]["prompt"] == [1, 2, 3] and asked[0]["max_tokens"] == 1
+    assert asked[0]["temperature"] == 0 and asked[0]["return_tokens_as_token_ids"] is True

@@ -4,7 +4,9 @@
   ``vllm:spec_decode_*`` counters: acceptance rate = accepted / draft tokens, mean
   acceptance length = 1 + accepted / drafts.
 - :func:`losslessness`: greedy outputs of a speculative engine against the same weights
-  served without speculation: exact-match rate and the first divergence per prompt.
+  served without speculation: exact-match rate, the first divergence per prompt, and how
+  near a tie the speculative engine's token was there (the same weights, teacher-forced
+  on the common prefix, ranking it against their own best).
 """
 
 from __future__ import annotations
@@ -103,7 +105,21 @@ def measure_acceptance(
         return acceptance_between(before, _metrics(client))
 
 
-def _greedy(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> list[int]:
+# Speculative decoding verifies every drafted token, so under greedy decoding it emits the
+# model's own argmax; the outputs still part where two tokens' logits are a near tie and
+# the verification batch's other shape rounds them the other way in bf16 (how soon depends
+# on the processor's kernels: after 21-60 tokens on an AMD EPYC with AVX-512 BF16, later or
+# never on others). A token the model ranks this far below its best is no tie: a
+# speculative engine emitting one has accepted a draft it did not verify.
+NEAR_TIE_NATS = 1.0
+# vLLM's default --max-logprobs.
+_TOP_LOGPROBS = 20
+
+
+def _greedy(
+    client: httpx.Client, model: str, prompt: str, max_tokens: int
+) -> tuple[list[int], list[int]]:
+    """The chat prompt's token ids and the greedy answer's."""
     resp = client.post(
         "/v1/chat/completions",
         json={
@@ -115,7 +131,28 @@ def _greedy(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> l
         },
     )
     resp.raise_for_status()
-    return list(resp.json()["choices"][0]["token_ids"])
+    answer = resp.json()
+    return list(answer["prompt_token_ids"]), list(answer["choices"][0]["token_ids"])
+
+
+def tie_gap(client: httpx.Client, model: str, context: list[int], token: int) -> float | None:
+    """How many nats the model at ``client`` ranks ``token`` below its best next token after
+    ``context`` (token ids, teacher-forced); None when it is not among the top 20."""
+    resp = client.post(
+        "/v1/completions",
+        json={
+            "model": model,
+            "prompt": context,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": _TOP_LOGPROBS,
+            "return_tokens_as_token_ids": True,
+        },
+    )
+    resp.raise_for_status()
+    top: dict[str, float] = resp.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+    chosen = top.get(f"token_id:{token}")
+    return None if chosen is None else max(top.values()) - chosen
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -128,21 +165,32 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def losslessness(
     spec_url: str, base_url: str, model: str, prompts: list[str] | None = None, max_tokens: int = 96
 ) -> dict[str, Any]:
-    """Greedy outputs with and without speculation, token by token."""
+    """Greedy outputs with and without speculation, token by token; where they part, the
+    speculative engine's token is scored by the engine without speculation on the common
+    prefix (``tie_gap_nats``; ``near_tie``: within :data:`NEAR_TIE_NATS` of its best, None
+    when one answer is the other's beginning)."""
     rows = []
     with (
         httpx.Client(base_url=spec_url.rstrip("/"), timeout=300) as spec,
         httpx.Client(base_url=base_url.rstrip("/"), timeout=300) as base,
     ):
         for prompt in prompts or PROMPTS:
-            with_spec = _greedy(spec, model, prompt, max_tokens)
-            without = _greedy(base, model, prompt, max_tokens)
+            prompt_ids, with_spec = _greedy(spec, model, prompt, max_tokens)
+            _, without = _greedy(base, model, prompt, max_tokens)
             divergence = first_divergence(with_spec, without)
+            gap: float | None = None
+            near: bool | None = None
+            if divergence is not None and divergence < min(len(with_spec), len(without)):
+                context = prompt_ids + with_spec[:divergence]
+                gap = tie_gap(base, model, context, with_spec[divergence])
+                near = gap is not None and gap <= NEAR_TIE_NATS
             rows.append(
                 {
                     "prompt": prompt,
                     "exact": divergence is None,
                     "first_divergence": divergence,
+                    "tie_gap_nats": None if gap is None else round(gap, 4),
+                    "near_tie": near,
                     "tokens": [len(with_spec), len(without)],
                 }
             )
