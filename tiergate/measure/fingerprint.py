@@ -33,16 +33,19 @@ KERNEL_FLAGS = (
 _AVX512_EXTRAS = (("VNNI", "avx512_vnni"), ("BF16", "avx512_bf16"), ("AMX", "amx_tile"))
 
 
-def _cpuinfo(text: str) -> tuple[str, set[str]]:
-    model, flags = "unknown", set[str]()
+def _fields(text: str) -> dict[str, str]:
+    """Each /proc/cpuinfo key's first value (the first processor's, as they all match)."""
+    found: dict[str, str] = {}
     for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model == "unknown":
-            model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = set(value.split())
-    return model, flags
+        key, sep, value = line.partition(":")
+        if sep:
+            found.setdefault(key.strip(), value.strip())
+    return found
+
+
+def _model_and_flags(fields: dict[str, str]) -> tuple[str, set[str]]:
+    flags = fields.get("flags") or fields.get("Features") or ""
+    return fields.get("model name") or "unknown", set(flags.split())
 
 
 def _read_cpuinfo() -> str:
@@ -52,23 +55,15 @@ def _read_cpuinfo() -> str:
         return ""
 
 
-def _first(text: str, name: str) -> str | None:
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return None
-
-
 def cpu_kind(cpuinfo: str | None = None) -> str:
     """The processor as a benchmark names it beside its figures: the model name, and what
     tells apart machines that share one (a virtual machine's "AMD EPYC" was a Zen 3 with
     AVX2 only on one host and a Zen 5 with AVX-512 on another): the family and model
     numbers and the widest vector instructions, e.g. ``AMD EPYC (family 26 model 2;
     AVX-512, VNNI, BF16)``. ``cpuinfo`` is for tests."""
-    text = _read_cpuinfo() if cpuinfo is None else cpuinfo
-    model, flags = _cpuinfo(text)
-    family, number = _first(text, "cpu family"), _first(text, "model")
+    fields = _fields(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    model, flags = _model_and_flags(fields)
+    family, number = fields.get("cpu family"), fields.get("model")
     isa = ["AVX-512"] if "avx512f" in flags else ["AVX2 only"] if "avx2" in flags else []
     if "avx512f" in flags:
         isa += [name for name, flag in _AVX512_EXTRAS if flag in flags]
@@ -87,7 +82,7 @@ def _version(dist: str) -> str:
 
 def hardware_fingerprint(cpuinfo: str | None = None, gpu: str | None = None) -> dict[str, str]:
     """This machine's fingerprint (``cpuinfo`` and ``gpu`` are for tests)."""
-    model, flags = _cpuinfo(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    model, flags = _model_and_flags(_fields(_read_cpuinfo() if cpuinfo is None else cpuinfo))
     return {
         "cpu": model,
         "isa": ",".join(f for f in KERNEL_FLAGS if f in flags) or "baseline",
