@@ -1,8 +1,8 @@
 """Jobs at scale (issue 21), on a real broker, object store and sandbox: a long backlog
 fails nothing, a short job does not wait behind a long one while a slot is free, a worker
 frozen past its session timeout (or past its lease) leaves exactly one run that counts,
-and a fleet that grows and shrinks every few seconds through a broker restart runs each
-of 100 jobs once, with no worker thread dying.
+and a fleet that shrinks and grows twice through a broker restart, at set points of its
+progress, runs each of 100 jobs once, with no worker thread dying.
 
 Every job here runs the command its own workspace holds (``sh task.sh``): the fake model
 gives every job the same reply, and each job's files say what that reply does."""
@@ -220,26 +220,32 @@ def test_a_fleet_that_grows_and_shrinks_through_a_broker_restart_runs_each_job_o
         jobs_stack(broker_server.address, store_server.url, model, tmp_path) as stack,
         fleet(stack, tmp_path, lease_seconds=6, concurrency=2, drain_seconds=2) as workers,
     ):
-        ids = [stack.submit(task("touch done"))["id"] for _ in range(jobs_count)]
+        # Each job holds its slot at least 2 s, so the backlog drains at most 4 jobs a
+        # second (6 slots, 8 while a leaving worker drains) on any CPU: the changes below
+        # are tied to progress, not to time, and a poll every second cannot jump past one.
+        ids = [stack.submit(task("sleep 2 && touch done"))["id"] for _ in range(jobs_count)]
         for _ in range(3):
             workers.start()
         store = JobStore(stack.jobs.storage)
+
+        def swap() -> None:  # one worker leaves, another joins
+            workers.stop(next(iter(workers.procs)))
+            workers.start()
+
+        changes = [(10, broker_server.restart), (40, swap), (70, swap)]
+        made: list[int] = []
         deadline = time.monotonic() + 600
-        changes, restarted = 0, False
         while True:
             finished = sum(1 for i in ids if store.final(i) is not None)
             if finished == jobs_count:
                 break
             assert time.monotonic() < deadline, f"{jobs_count - finished} unfinished"
-            time.sleep(3)
-            changes += 1
-            if changes == 2 and not restarted:
-                broker_server.restart()
-                restarted = True
-            elif changes % 3 == 0:  # every ~10 s one worker leaves, another joins
-                workers.stop(next(iter(workers.procs)))
-                workers.start()
-        assert restarted and changes >= 3, "the fleet changed while jobs ran"
+            if changes and finished >= changes[0][0]:
+                at, change = changes.pop(0)
+                change()
+                made.append(at)
+            time.sleep(1)
+        assert made == [10, 40, 70], f"the fleet changed only after {made} jobs"
         assert workers.unhealthy == [], f"workers with a dead thread; see {workers.log}"
         starts: list[int] = []
         for job_id in ids:
