@@ -152,9 +152,10 @@ def test_domains_share_the_slots_by_weight_while_one_takes_ten_times_longer(
     assert window > 0
     fast_busy = sum(end - start for start, end in spans["fast"])
     # Equal weights, two slots: each domain held one slot, half the slots' time (2 x the
-    # window), within 25%; FIFO would have given the slow tasks both slots.
-    assert 0.75 * window <= slow_busy <= window + 1, (slow_busy, window)
-    assert 0.75 * window <= fast_busy + len(spans["fast"]), (fast_busy, window)
+    # window), within 25% and 1 s (a job's pickup, on a fast CPU a large part of a short
+    # window); FIFO would have given the slow tasks both slots.
+    assert 0.75 * window - 1 <= slow_busy <= window + 1, (slow_busy, window)
+    assert 0.75 * window - 1 <= fast_busy + len(spans["fast"]), (fast_busy, window)
     assert final.status == "completed"
 
 

@@ -38,6 +38,9 @@ BROKEN = {
 }
 WORKS = {**BROKEN, "setup": ["true"]}
 ENDED = ("completed", "failed", "cancelled", "incomplete")
+# Long enough that a job submitted once the breaker opens reaches a worker inside it even
+# on the slowest CPU (it goes through the broker and the store first).
+COOLDOWN = 6
 
 
 def _settings(s3: str, **breaker: Any) -> JobsSettings:
@@ -227,7 +230,7 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
 ) -> None:
     model.behaviour.replies = ["DONE"]
     jobs = {
-        "breaker": {"failures_to_open": 2, "cooldown_seconds": 2},
+        "breaker": {"failures_to_open": 2, "cooldown_seconds": COOLDOWN},
         "sandbox": {"cache_dir": cache_dir()},
     }
     # Each owner's failing setup counts once: the failures come from several tenants.
@@ -268,7 +271,7 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         # After the cool-down a probe runs; it fails, so the breaker opens again.
         opened_at = board.read("flaky")[0].opened_at
         assert opened_at is not None
-        _wait_for(lambda: time.time() > opened_at + 2.2)
+        _wait_for(lambda: time.time() > opened_at + COOLDOWN + 0.2)
         probe = _run(stack, flaky, carol)
         assert probe["error"]["code"] == "sandbox", probe  # it ran: setup failed
         reopened = _wait_for(
@@ -280,7 +283,7 @@ def test_breaker_opens_fails_fast_and_closes_after_a_probe(
         )
 
         # The next probe works: closed, and jobs run again.
-        _wait_for(lambda: time.time() > (reopened.opened_at or 0) + 2.2)
+        _wait_for(lambda: time.time() > (reopened.opened_at or 0) + COOLDOWN + 0.2)
         good = _run(stack, {**WORKS, "environment": "flaky"}, dave)
         assert good["status"] == "completed", good
         closed = _wait_for(lambda: (b := board.read("flaky")[0]).state == "closed" and b)

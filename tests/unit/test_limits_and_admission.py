@@ -97,7 +97,7 @@ async def test_gate_serves_waiters_by_priority() -> None:
 async def test_gate_full_queue_and_timeout() -> None:
     gate = Gate(capacity=1, max_queue=1)
     await gate.enter(0, 1)
-    waiter = asyncio.create_task(gate.enter(0, 0.1))
+    waiter = asyncio.create_task(gate.enter(0, 0.5))
     await asyncio.sleep(0.01)
     with pytest.raises(LookupError):
         await gate.enter(0, 1)

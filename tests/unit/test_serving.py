@@ -174,7 +174,7 @@ def test_client_request_id_echoed_only_when_short_and_printable(
 
 
 async def _deadline_run(app: Any, messages: list[tuple[float, dict[str, Any]]]) -> list[str]:
-    """Run ``app`` under a 0.1 s BodyReadDeadline, the client's messages arriving after
+    """Run ``app`` under a 0.5 s BodyReadDeadline, the client's messages arriving after
     the given delays; returns what happened, in order."""
     import asyncio
 
@@ -195,7 +195,7 @@ async def _deadline_run(app: Any, messages: list[tuple[float, dict[str, Any]]]) 
 
     seen: list[str] = []
     try:
-        await BodyReadDeadline(app(seen), 0.1)({"type": "http"}, receive, send)
+        await BodyReadDeadline(app(seen), 0.5)({"type": "http"}, receive, send)
     except OpenAIError as err:
         seen.append(f"{err.status}")
     return seen
@@ -211,7 +211,7 @@ async def test_body_read_deadline_bounds_only_the_body() -> None:
                 seen.append("part")
                 if not message.get("more_body"):
                     break
-            await asyncio.sleep(0.2)  # past the deadline once the body is in: no 408
+            await asyncio.sleep(0.8)  # past the deadline once the body is in: no 408
             seen.append("done")
 
         return app
@@ -225,7 +225,7 @@ async def test_body_read_deadline_bounds_only_the_body() -> None:
 
     def busy_then_read(seen: list[str]) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            await asyncio.sleep(0.2)  # other work past the deadline is not interrupted
+            await asyncio.sleep(0.8)  # other work past the deadline is not interrupted
             seen.append("worked")
             await receive()
 

@@ -8,7 +8,9 @@ import asyncio
 
 from tiergate.gateway.relay import _WriteDeadline
 
-SECONDS = 0.3
+# Margins of 150 ms or more: a pause of the process longer than a margin would fire both
+# timers in one turn of the loop, and a busy CI machine can pause a test that long.
+SECONDS = 0.9
 
 
 async def _writes(deadline: _WriteDeadline, takes: list[float]) -> None:
@@ -23,8 +25,8 @@ async def _writes(deadline: _WriteDeadline, takes: list[float]) -> None:
 
 async def test_a_slow_client_that_takes_each_write_in_time_is_never_cut() -> None:
     deadline = _WriteDeadline(SECONDS)
-    # Eight writes of 0.2 s (1.6 s in all, five deadlines long), with pauses between.
-    task = asyncio.ensure_future(_writes(deadline, [0.2, 0.0, 0.2, 0.2, 0.1, 0.2, 0.2, 0.25]))
+    # Eight writes of 0.6 s (4.8 s in all, five deadlines long), with pauses between.
+    task = asyncio.ensure_future(_writes(deadline, [0.6, 0.0, 0.6, 0.6, 0.3, 0.6, 0.6, 0.75]))
     deadline.watch(task)
     await task
     deadline.stop()
@@ -35,14 +37,14 @@ async def test_the_write_that_waits_too_long_is_cut_when_its_deadline_passes() -
     deadline = _WriteDeadline(SECONDS)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    task = asyncio.ensure_future(_writes(deadline, [0.2, 0.25, 5.0]))
+    task = asyncio.ensure_future(_writes(deadline, [0.6, 0.75, 15.0]))
     deadline.watch(task)
     await asyncio.wait([task])
     deadline.stop()
     assert deadline.stalled and task.cancelled()
-    # The third write began at about 0.45 s: it is cut about 0.3 s later, not at a
+    # The third write began at about 1.35 s: it is cut about 0.9 s later, not at a
     # multiple of the timer's period.
-    assert 0.7 <= loop.time() - started < 0.95
+    assert 2.2 <= loop.time() - started < 2.85
 
 
 async def test_stopped_it_cuts_nothing() -> None:
