@@ -30,6 +30,7 @@ def test_benchmark_writes_a_side_by_side_report(tmp_path: Path) -> None:
             "stream_chunk_lateness_ms",
         } <= set(measured)
         assert measured["saturation"]["rps"] > 0 and measured["saturation"]["non_2xx"] == 0
+        assert measured["fixed_rate_ms"]["n"] == 60  # 60 req/s each, for 1 s, all at once
     derived = report["median"]["derived"]["tiergate"]
     assert {"saturation_vs_vllm_router", "saturation_vs_direct", "added"} <= set(derived)
     # What the gateway says it adds, beside what the client sees it add.

@@ -6,15 +6,17 @@ ZeroCostFakeBackend for streams) and the load generators share core 1. vllm-rout
 ``vllm-router``, Rust) is the reference proxy: absolute figures move between machines by
 2x, so tiergate is judged by its ratio to it in the same run. Measured for every system:
 
-1. saturation throughput with wrk (32 connections), non-streaming;
-2. latency at a fixed 60 requests/s (open loop), non-streaming: p50 and p99;
+1. saturation throughput with wrk (32 connections), non-streaming, in turns of about a
+   second each, the systems in rotation;
+2. latency at a fixed 60 requests/s (open loop), non-streaming: p50 and p99; the systems
+   measured together, their requests interleaved (each its own 60 req/s);
 3. one request at a time (keep-alive, 200 sequential requests): p50 and p99; for tiergate
    also its own ``x-tiergate-overhead-ms``, next to what the client sees it add;
 4. streams of 20 chunks 10 ms apart: time to first chunk and how late each later chunk is.
 
-Each kind of measurement is taken of the systems back to back, their order rotated from
-run to run, so that the proxies compared are measured seconds apart on a machine whose
-speed moves within a minute. ``repeat`` runs the whole set that many times against the
+Each other kind of measurement is taken of the systems back to back, their order rotated
+from run to run, so that the proxies compared are measured seconds apart on a machine
+whose speed moves within a minute. ``repeat`` runs the whole set that many times against the
 same processes; the report gives each figure's median over the runs and every run's
 figures, and flags a run whose direct saturation differs from the median by more than 15%
 (the machine was busy).
@@ -42,6 +44,7 @@ from tiergate.bench.load import (
     SEQUENTIAL_REQUESTS,
     STREAM_CHUNKS,
     STREAM_GAP_MS,
+    combined,
     fixed_rate,
     sequential,
     stream_lateness,
@@ -53,6 +56,7 @@ from tiergate.measure.fingerprint import cpu_kind
 from tiergate.measure.ports import free_ports
 from tiergate.measure.wait import wait_until
 
+SATURATION_SLICES = 5
 INSTALL_HINT = (
     "install the benchmark's tools: TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh "
     "(or apt-get install -y nginx-light wrk; .venv/bin/pip install vllm-router)"
@@ -211,17 +215,25 @@ def _measure(
     """Every system's figures of one run. Each kind of measurement is taken of the systems
     back to back (their order rotated by ``shift``), not system after system: this shared
     machine's speed moves by 20% within a minute, and the proxies are compared with each
-    other, so what is compared is measured seconds apart rather than most of a minute."""
+    other, so what is compared is measured seconds apart rather than most of a minute. The
+    fixed rate, whose target is the narrowest, is taken of all of them at once."""
     order = [systems[(i + shift) % len(systems)] for i in range(len(systems))]
     found: dict[str, dict[str, Any]] = {name: {} for name, _, _ in systems}
-    for name, plain, _ in order:
-        _say(f"  {name}: saturation (wrk, 32 connections, {duration:g}s)")
-        sat = wrk(plain, workdir, duration)
+    # Saturation in slices of about a second, the systems in turn, so that a slow second
+    # of the machine falls on every system alike rather than on the one measured then.
+    slices = max(1, min(SATURATION_SLICES, round(duration)))
+    _say(f"  saturation (wrk, 32 connections): {slices} turns of {duration / slices:g}s each")
+    sliced: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in order}
+    for _ in range(slices):
+        for name, plain, _ in order:
+            sliced[name].append(wrk(plain, workdir, duration / slices))
+    for name, _, _ in order:
+        found[name]["saturation"] = sat = combined(sliced[name])
         _say(f"  {name}:   {sat['rps']:.0f} req/s")
-        found[name]["saturation"] = sat
-    for name, plain, _ in order:
-        _say(f"  {name}: fixed {FIXED_RATE:g} req/s for {duration:g}s")
-        found[name]["fixed_rate_ms"] = summary(asyncio.run(fixed_rate(plain, FIXED_RATE, duration)))
+    _say(f"  all at once, each at a fixed {FIXED_RATE:g} req/s for {duration:g}s")
+    rated = asyncio.run(fixed_rate([plain for _, plain, _ in order], FIXED_RATE, duration))
+    for (name, _, _), latencies in zip(order, rated, strict=True):
+        found[name]["fixed_rate_ms"] = summary(latencies)
     for name, plain, _ in order:
         _say(f"  {name}: {SEQUENTIAL_REQUESTS} requests one at a time")
         seq = asyncio.run(sequential(plain, SEQUENTIAL_REQUESTS))
