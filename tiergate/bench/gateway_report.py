@@ -68,7 +68,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"CPU: {r['cpu_model']} ({r['cores']} cores). Command: `{r['command']}`. "
         f"Figures are medians of {r['repeat']} run(s); each proxy on core 0 (tiergate with "
         "more than one process on every core, shared with the load), backends and load on "
-        "core 1.",
+        "core 1. Saturation is taken in turns of about a second, the systems in rotation; "
+        "the fixed rate of every system at once, their requests interleaved.",
         "",
         row("measurement", names),
         row("---", ["---"] * len(names)),
