@@ -212,15 +212,14 @@ def _measure(
     workdir: Path,
     shift: int = 0,
 ) -> dict[str, dict[str, Any]]:
-    """Every system's figures of one run. Each kind of measurement is taken of the systems
-    back to back (their order rotated by ``shift``), not system after system: this shared
-    machine's speed moves by 20% within a minute, and the proxies are compared with each
-    other, so what is compared is measured seconds apart rather than most of a minute. The
-    fixed rate, whose target is the narrowest, is taken of all of them at once."""
+    """Every system's figures of one run, the systems in an order rotated by ``shift``:
+    this shared machine's speed moves by 20% within a minute, and the proxies are compared
+    with each other, so what is compared is measured close together. Saturation in turns
+    of about a second, the systems in rotation; the fixed rate (the narrowest target) of
+    all of them at once; one at a time and streams back to back, seconds apart."""
     order = [systems[(i + shift) % len(systems)] for i in range(len(systems))]
     found: dict[str, dict[str, Any]] = {name: {} for name, _, _ in systems}
-    # Saturation in slices of about a second, the systems in turn, so that a slow second
-    # of the machine falls on every system alike rather than on the one measured then.
+    # A slow second of the machine then falls on every system alike, not on one.
     slices = max(1, min(SATURATION_SLICES, round(duration)))
     _say(f"  saturation (wrk, 32 connections): {slices} turns of {duration / slices:g}s each")
     sliced: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in order}
