@@ -190,6 +190,11 @@ class JobsSettings(_Section):
     # the sum of their sizes (a small gzip may unpack to far more).
     max_upload_members: int = Field(20_000, ge=1)
     max_upload_unpacked_bytes: int = Field(4 * 1024 * 1024 * 1024, ge=1024)
+    # The check's own bounds (tiergate/gateway/tarcheck.py), whatever the archive claims:
+    # decompressed bytes at most this many times the compressed ones (past the first 16
+    # MiB; zeros in bzip2 are a million to one, source trees about ten), and its time.
+    max_upload_ratio: float = Field(1000.0, ge=1)
+    upload_check_seconds: float = Field(60.0, gt=0)
     # Uploads one gateway replica receives at once (each spooled to its temporary directory,
     # up to max_upload_bytes: the chart's /tmp holds 8 of 64 MiB); the next is a 503.
     max_concurrent_uploads: int = Field(8, ge=1)

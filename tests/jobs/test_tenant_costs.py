@@ -345,3 +345,84 @@ def test_an_upload_is_streamed_not_held_in_memory(
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             member = tar.getmember("big.bin")
             assert member.size == size
+
+
+BOMBS = Path(__file__).resolve().parents[1] / "data" / "bombs"
+
+
+def test_archive_bombs_cost_the_gateway_a_few_mib_and_store_nothing(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Issue 33: a 463-byte bzip2 of 512 MiB of zeros held the gateway at +0.6-1.0 GB for
+    minutes. Each bomb is refused with its bound named, the gateway (in this process) traced
+    at a few MiB while it checks, and the models route answers meanwhile."""
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        url = f"{stack.base}/v1/jobs/workspaces"
+        assert httpx.post(url, content=tar_of({"f": b"x"}, mode="w:bz2")).status_code == 200
+        for name, code in [
+            ("bz2-512m.tar.bz2", "upload_ratio_exceeded"),
+            ("bz2-4g.tar.bz2", "upload_ratio_exceeded"),
+            ("xz-bigdict.tar.xz", "invalid_upload"),
+        ]:
+            gc.collect()
+            tracemalloc.start()
+            try:
+                resp = httpx.post(url, content=(BOMBS / name).read_bytes(), timeout=120)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            _envelope(resp, 400, code)
+            assert peak < 24 * MiB, f"{name}: peak {peak / MiB:.1f} MiB"
+            assert httpx.get(f"{stack.base}/v1/models", timeout=10).status_code == 200
+        assert len(_uploads(stack, "anonymous")) == 1
+
+
+def test_a_check_stops_when_its_client_leaves_and_frees_its_slot(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """With the ratio bound off, a 3 KB bzip2 of 4 GiB of zeros takes the check 10-25 s of a
+    core. The client gives up after a second; its check stops within about one
+    disconnect poll, and the replica's only upload slot is free again long before the
+    check would have ended on its own."""
+    settings = {
+        "max_concurrent_uploads": 1,
+        "max_upload_ratio": 1e12,
+        "max_upload_unpacked_bytes": 5 * 1024 * MiB,
+        "upload_check_seconds": 600,
+    }
+    with jobs_stack(broker, s3, model, tmp_path, jobs=settings) as stack:
+        url = f"{stack.base}/v1/jobs/workspaces"
+        bomb = (BOMBS / "bz2-4g.tar.bz2").read_bytes()
+        gave_up: list[bool] = []
+
+        def leaving_client() -> None:
+            # Sent again while a probe below holds the slot (503), until its check runs.
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    resp = httpx.post(url, content=bomb, timeout=httpx.Timeout(10, read=2.0))
+                except httpx.ReadTimeout:
+                    gave_up.append(True)
+                    return
+                assert resp.status_code == 503, resp.text
+
+        client = threading.Thread(target=leaving_client)
+        client.start()
+        small = tar_of({"f": b"x"}, mode="w:gz")
+        # The premise: the bomb's check holds the replica's only slot.
+        seen: list[str] = []
+
+        def held() -> bool:
+            resp = _upload(stack, small, {})
+            seen.append(f"{resp.status_code} {resp.text[:200]}")
+            return resp.status_code == 503
+
+        eventually(held, 10, 0.3, lambda: f"the slot to be held: {seen[-3:]}")
+        client.join(30)
+        assert gave_up == [True]
+        eventually(
+            lambda: _upload(stack, small, {}).status_code == 200,
+            2.5,
+            0.1,
+            "the upload slot was not freed after the client left",
+        )

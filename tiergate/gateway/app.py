@@ -232,6 +232,8 @@ def create_app(settings: Settings) -> FastAPI:
             upstream.close()
             await session.close()
             await limiter.close()
+            if state.jobs is not None:
+                state.jobs.close()
             if queue is not None:
                 queue.close()
             if stream_pool is not None:

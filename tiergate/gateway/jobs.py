@@ -98,6 +98,10 @@ class JobsAPI:
         self._uploads = Uploads(settings, store, gatekeeper, self.storage)
         self.streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
 
+    def close(self) -> None:
+        """Stop the work requests started that may still run (upload checks)."""
+        self._uploads.close()
+
     async def storage(self, fn: Any, *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)

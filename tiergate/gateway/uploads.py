@@ -34,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,6 +47,7 @@ from fastapi import Request
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.gatekeeper import Gatekeeper
+from tiergate.gateway.tarcheck import ArchiveRefused, CheckLimits, CheckStopped, check_tar
 from tiergate.gateway.taskfile import check_tasks
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
@@ -57,56 +58,8 @@ Storage = Callable[..., Awaitable[Any]]
 # Chunks from the ASGI stream are gathered to this size before one write to disk (in a
 # thread), so that a body of many small chunks costs few thread hops.
 _WRITE_BYTES = 1024 * 1024
+_DISCONNECT_POLL_SECONDS = 0.5
 _UPLOAD_ID = re.compile(r"upl_[0-9a-f]{32}")
-
-
-@dataclass(frozen=True, slots=True)
-class TarSummary:
-    members: int
-    unpacked_bytes: int
-
-
-def check_tar(file: IO[bytes], max_members: int, max_unpacked: int) -> TarSummary:
-    """Walk the archive's headers once, from the start of ``file``, and refuse it (400) when
-    it is not a tar (plain, gzip, bzip2 or xz), has more than ``max_members`` members, or
-    their sizes sum to more than ``max_unpacked``. In stream mode tarfile still keeps each
-    member it read: the list is emptied as it goes, so memory stays flat whatever the
-    count."""
-    file.seek(0)
-    members = unpacked = 0
-    try:
-        with tarfile.open(fileobj=file, mode="r|*") as tar:
-            while (member := tar.next()) is not None:
-                tar.members.clear()  # type: ignore[attr-defined]  # (typeshed omits it)
-                members += 1
-                unpacked += max(member.size, 0)
-                if members > max_members:
-                    raise _tar_refused(
-                        f"The upload has more than {max_members} members, over this "
-                        f"installation's limit (jobs.max_upload_members: {max_members}).",
-                        "upload_too_many_members",
-                    )
-                if unpacked > max_unpacked:
-                    raise _tar_refused(
-                        f"The upload unpacks to more than {max_unpacked} bytes, over this "
-                        "installation's limit (jobs.max_upload_unpacked_bytes: "
-                        f"{max_unpacked}).",
-                        "upload_too_large_unpacked",
-                    )
-    except (tarfile.TarError, EOFError, OSError, ValueError):
-        # OSError/EOFError/ValueError: a gzip, bzip2 or xz stream that is cut short or
-        # corrupt inside an archive that started well.
-        raise _tar_refused(
-            "The upload is not a readable tar archive (plain, or gzip, bzip2 or xz compressed).",
-            "invalid_upload",
-        ) from None
-    if members == 0:
-        raise _tar_refused("The upload is a tar archive with no members.", "invalid_upload")
-    return TarSummary(members, unpacked)
-
-
-def _tar_refused(message: str, code: str) -> OpenAIError:
-    return OpenAIError(400, message, code=code)
 
 
 def _too_large(limit: int, setting: str = "max_upload_bytes") -> OpenAIError:
@@ -126,17 +79,26 @@ class UploadKind:
     object: str
     limit_setting: str
     empty: str
-    check: Callable[[IO[bytes], JobsSettings], dict[str, int]]
+    check: Callable[[IO[bytes], JobsSettings, threading.Event], dict[str, int]]
 
     def limit(self, settings: JobsSettings) -> int:
         return min(settings.max_upload_bytes, int(getattr(settings, self.limit_setting)))
 
 
-def _check_workspace(file: IO[bytes], s: JobsSettings) -> dict[str, int]:
-    return {"members": check_tar(file, s.max_upload_members, s.max_upload_unpacked_bytes).members}
+def _check_workspace(file: IO[bytes], s: JobsSettings, cancel: threading.Event) -> dict[str, int]:
+    limits = CheckLimits(
+        max_members=s.max_upload_members,
+        max_unpacked=s.max_upload_unpacked_bytes,
+        max_ratio=s.max_upload_ratio,
+        seconds=s.upload_check_seconds,
+    )
+    try:
+        return {"members": check_tar(file, limits, cancel).members}
+    except ArchiveRefused as exc:
+        raise OpenAIError(400, str(exc), code=exc.code) from None
 
 
-def _check_tasks(file: IO[bytes], s: JobsSettings) -> dict[str, int]:
+def _check_tasks(file: IO[bytes], s: JobsSettings, cancel: threading.Event) -> dict[str, int]:
     return {"tasks": check_tasks(file)}
 
 
@@ -163,6 +125,16 @@ class Uploads:
         # all pass the quota at once.
         self._receiving: dict[str, list[int]] = {}
         self._active = 0
+        # One event per check running now: set when its client leaves or the gateway closes.
+        self._checks: set[threading.Event] = set()
+        self._closing = False
+
+    def close(self) -> None:
+        """Stop every check still running (each within one chunk): nothing a request
+        started keeps the process from shutting down."""
+        self._closing = True
+        for cancel in list(self._checks):
+            cancel.set()
 
     def grace_seconds(self) -> float:
         """How long past its expiry an upload is kept: a job accepted just before the
@@ -210,7 +182,7 @@ class Uploads:
                     raise OpenAIError(
                         400, f"The upload is empty: {kind.empty}.", code="invalid_upload"
                     )
-                summary = await asyncio.to_thread(kind.check, spool, s)
+                summary = await self._check(kind, spool, request)
                 receiving.remove(expected)
                 receiving.append(size)
                 expected = size
@@ -229,6 +201,34 @@ class Uploads:
             "expires_at": int(time.time() + s.upload_ttl_seconds),
         }
         return answer, headers
+
+    async def _check(self, kind: UploadKind, spool: IO[bytes], request: Request) -> dict[str, int]:
+        """``kind.check`` of the spooled body, in a thread, stopped as soon as the client has
+        gone (looked at every :data:`_DISCONNECT_POLL_SECONDS`) or the gateway closes."""
+        cancel = threading.Event()
+        self._checks.add(cancel)
+        check = asyncio.ensure_future(asyncio.to_thread(kind.check, spool, self._settings, cancel))
+        try:
+            while not check.done():
+                await asyncio.wait({check}, timeout=_DISCONNECT_POLL_SECONDS)
+                if self._closing or (not check.done() and await request.is_disconnected()):
+                    cancel.set()
+            return check.result()
+        except CheckStopped:
+            if self._closing:
+                raise OpenAIError(
+                    503,
+                    "This gateway is shutting down; send the upload again.",
+                    code="upload_capacity",
+                    type_="server_error",
+                    headers={"retry-after": "2"},
+                ) from None
+            raise OpenAIError(
+                400, "The client closed the connection.", code="client_disconnected"
+            ) from None
+        finally:
+            cancel.set()  # also when this request is cancelled (a graceful shutdown's end)
+            self._checks.discard(cancel)
 
     async def _spool(self, request: Request, spool: IO[bytes], limit: int, setting: str) -> int:
         """Copy the body to ``spool`` chunk by chunk; 413 as soon as it is over ``limit``."""
