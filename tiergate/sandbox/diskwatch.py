@@ -14,42 +14,42 @@ quotas) would be exact, but needs privileges a worker pod does not have; this ne
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.sandbox.owned import Walk
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     bytes: int
     entries: int
+    # Directories that could not be listed even after the worker gave itself its bits
+    # back (tiergate.sandbox.owned): what they hold is not counted, so callers refuse.
+    hidden: int = 0
 
 
 def usage(top: Path, stop_at_entries: int | None = None) -> Usage:
     """Bytes allocated and entries (files, directories, links, anything) under ``top``;
     symbolic links not followed. Stops counting past ``stop_at_entries``."""
-    total = entries = 0
-    pending = [str(top)]
-    while pending:
+    total = 0
+    walk = Walk(top, stop_at=stop_at_entries)
+    for entry in walk:
         try:
-            with os.scandir(pending.pop()) as it:
-                for entry in it:
-                    entries += 1
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += max(st.st_blocks * 512, 0)
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-                    if stop_at_entries is not None and entries > stop_at_entries:
-                        return Usage(total, entries)
+            st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-    return Usage(total, entries)
+        total += max(st.st_blocks * 512, 0)
+    return Usage(total, walk.entries, walk.hidden)
+
+
+HIDDEN = (
+    "the workspace holds a directory the worker cannot read, so its disk use cannot be "
+    "counted; leave the owner's read and execute bits on the job's directories"
+)
 
 
 class DiskWatch:
@@ -96,6 +96,8 @@ class DiskWatch:
                     "the command was stopped: the workspace held more than "
                     f"{self._max_entries} files and directories (the job's limit)"
                 )
+            elif used.hidden:
+                self.exceeded = f"the command was stopped: {HIDDEN}"
             if self.exceeded is not None:
                 self._kill()
                 return

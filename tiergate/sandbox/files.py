@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tiergate.sandbox import unpack
+from tiergate.sandbox import owned, unpack
+from tiergate.sandbox.diskwatch import HIDDEN
 from tiergate.sandbox.errors import SandboxError
 
 _MiB = 1024 * 1024
@@ -99,15 +100,21 @@ def unpack_argv(
     workspace: Path, max_bytes: int, max_members: int, run_as: tuple[int, int] | None
 ) -> list[str]:
     """The child's command line: rlimits (prlimit), the drop to ``run_as`` (setpriv, no
-    new privileges), then the standard library's Python alone (``-I -S``) running
-    unpack.py's text, given on the command line (``-c``): the worker reads it, so the job's
-    user needs no access to the worker's files beyond its interpreter."""
-    python = [sys.executable, "-I", "-S", "-c", _unpack_source(), str(workspace)]
-    python += [str(max_bytes), str(max_members)]
+    new privileges), a bubblewrap jail in which only the workspace is writable (and
+    nothing of the worker's is visible but the interpreter), then the standard library's
+    Python alone (``-I -S``) running unpack.py's text, given on the command line (``-c``):
+    the worker reads it, so the job's user needs no access to the worker's files beyond
+    its interpreter. A bug in ``tarfile`` or in the unpacker can then write the workspace
+    and nothing else, whatever uid the child runs as (a non-root worker's jobs, and its
+    environment cache, share one)."""
+    interpreter = _interpreter(run_as is not None)
+    python = [str(interpreter), "-I", "-S", "-c", _unpack_source()]
+    python += ["/workspace", str(max_bytes), str(max_members)]
+    argv = [*_unpack_jail(workspace, interpreter), "--", *python]
     if run_as is not None:
         uid, gid = run_as
         drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-        python = [*drop, "--no-new-privs", "--", *python]
+        argv = [*drop, "--no-new-privs", "--", *argv]
     rlimits = [
         "prlimit",
         f"--as={UNPACK_MEMORY_BYTES}",
@@ -116,7 +123,43 @@ def unpack_argv(
         "--nofile=64",
         "--core=0",
     ]
-    return [*rlimits, "--", *python]
+    return [*rlimits, "--", *argv]
+
+
+def _interpreter(other_user: bool) -> Path:
+    """The worker's own interpreter (its real path), or, when the child runs as another
+    user who cannot reach it (a root worker's under /root), the system's."""
+    own = Path(os.path.realpath(sys.executable))
+    reachable = _reachable_by_anyone(own) if other_user else os.access(own, os.X_OK)
+    system = Path("/usr/bin/python3")
+    return own if reachable or not system.exists() else system
+
+
+def _reachable_by_anyone(path: Path) -> bool:
+    try:
+        return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+    except OSError:
+        return False
+
+
+def _unpack_jail(workspace: Path, interpreter: Path) -> list[str]:
+    """bubblewrap for the unpacking child: no network, no other process, the system's
+    ``/usr`` (and its links) and the interpreter's installation read-only, the workspace
+    read-write at ``/workspace``."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    argv += ["--setenv", "LC_ALL", "C.UTF-8", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
+        if Path(f"/{name}").is_symlink():
+            argv += ["--symlink", f"usr/{name}", f"/{name}"]
+        elif Path(f"/{name}").is_dir():
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    # Its prefix: bin/ and lib/pythonX.Y beside each other (pyenv, /usr/local, a venv copy).
+    home = interpreter.parent.parent
+    if not home.is_relative_to("/usr"):
+        argv += ["--ro-bind", str(home), str(home)]
+    argv += ["--dev", "/dev"]  # no /tmp: nothing to write but the workspace
+    return [*argv, "--bind", str(workspace), "/workspace", "--chdir", "/"]
 
 
 @functools.cache
@@ -124,45 +167,56 @@ def _unpack_source() -> str:
     return Path(unpack.__file__).read_text()
 
 
-def archive(workspace: Path, target: Path) -> None:
+def archive(workspace: Path, target: Path) -> list[str]:
     """Write the workspace as ``workspace/...`` in a gzip-compressed tar to ``target`` (a
     new file, outside the workspace), streamed: the worker holds a block at a time, not
     the archive, nor (``tarfile`` keeps every member it adds) a record per file. Links
-    are stored as links, never followed; what cannot be archived (a socket) is left out."""
+    are stored as links, never followed; what cannot be archived (a socket) is left out,
+    and so is a file the worker cannot read even after giving itself the owner's read bit
+    back (:func:`tiergate.sandbox.owned.unlock`). Returns the names left out."""
     with contextlib.suppress(FileNotFoundError):
         target.unlink()
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    left: list[str] = []
     with (
         os.fdopen(fd, "wb") as out,
         tarfile.open(fileobj=out, mode="w:gz", compresslevel=6) as tar,
     ):
         for path, name in _entries(workspace):
-            tar.add(path, arcname=name, recursive=False)
+            for attempt in range(2):
+                try:
+                    tar.add(path, arcname=name, recursive=False)
+                    break
+                except PermissionError:
+                    if attempt or not owned.unlock(path, 0o400):
+                        left.append(name)
+                        break
+                except FileNotFoundError:
+                    break  # gone since it was listed
             tar.members.clear()  # type: ignore[attr-defined]  # (not in typeshed)
+    return left
 
 
 def _entries(workspace: Path) -> Iterator[tuple[str, str]]:
-    """(path, name in the archive) of the workspace and everything in it, depth first in
-    name order (as ``tarfile``'s own recursion), without following links."""
-    stack: list[tuple[str, str]] = [(str(workspace), "workspace")]
-    while stack:
-        path, name = stack.pop()
-        yield path, name
-        if os.path.isdir(path) and not os.path.islink(path):
-            try:
-                children = sorted(os.listdir(path), reverse=True)
-            except OSError:
-                continue
-            stack += [(os.path.join(path, c), f"{name}/{c}") for c in children]
+    """(path, name in the archive) of the workspace and everything in it, each directory
+    before what it holds, in name order, without following links."""
+    yield str(workspace), "workspace"
+    top = len(str(workspace))
+    for entry in owned.Walk(workspace, ordered=True):
+        yield entry.path, "workspace" + entry.path[top:]
 
 
 def workspace_bytes(workspace: Path) -> int:
-    """The files' apparent sizes (symbolic links not followed, hard links counted each)."""
+    """The files' apparent sizes (symbolic links not followed, hard links counted each);
+    :class:`SandboxError` when a directory cannot be read (its files would not count)."""
     total = 0
-    for dirpath, _dirs, names in os.walk(workspace):
-        for name in names:
+    walk = owned.Walk(workspace)
+    for entry in walk:
+        if not entry.is_dir(follow_symlinks=False):
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                total += entry.stat(follow_symlinks=False).st_size
+    if walk.hidden:
+        raise SandboxError(HIDDEN)
     return total
 
 
@@ -177,6 +231,12 @@ def copy_tree(source: Path, target: Path) -> list[str]:
     def walk(src: Path, dst: Path, rel: str) -> None:
         try:
             entries = sorted(os.scandir(src), key=lambda e: e.name)
+        except PermissionError:
+            if not owned.unlock(src, 0o700):
+                left.append(rel or ".")
+                return
+            walk(src, dst, rel)
+            return
         except OSError:
             left.append(rel or ".")
             return
@@ -191,7 +251,12 @@ def copy_tree(source: Path, target: Path) -> list[str]:
                     walk(Path(entry.path), out, name)
                     os.chmod(out, entry.stat(follow_symlinks=False).st_mode & 0o777)
                 elif entry.is_file(follow_symlinks=False):
-                    shutil.copyfile(entry.path, out, follow_symlinks=False)
+                    try:
+                        shutil.copyfile(entry.path, out, follow_symlinks=False)
+                    except PermissionError:
+                        if not owned.unlock(entry.path, 0o400):
+                            raise
+                        shutil.copyfile(entry.path, out, follow_symlinks=False)
                     os.chmod(out, entry.stat(follow_symlinks=False).st_mode & 0o777)
                 else:
                     left.append(name)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiergate.protocol import SandboxLimits
-from tiergate.sandbox import files, seccomp
+from tiergate.sandbox import files, owned, seccomp
 from tiergate.sandbox.bwrap import STANDBY, command_argv, standby_script
 from tiergate.sandbox.capture import read_bounded
 from tiergate.sandbox.cgroup import find_parent
@@ -121,7 +121,7 @@ class Sandbox:
         self.root = base / job_id
         try:
             base.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(self.root, ignore_errors=True)
+            owned.remove_tree(self.root)
             self.workspace = self.root / "workspace"
             self.verifier_workspace = self.root / "verify"
             self.workspace.mkdir(parents=True)
@@ -284,7 +284,7 @@ class Sandbox:
     def prepare_verifier(self, reward_file: str | None) -> list[str]:
         """Copy the workspace to :attr:`verifier_workspace` (anew) for the verifier, without
         ``reward_file``; returns what the copy left out (see :func:`files.copy_tree`)."""
-        shutil.rmtree(self.verifier_workspace, ignore_errors=True)
+        owned.remove_tree(self.verifier_workspace)
         try:
             left = files.copy_tree(self.workspace, self.verifier_workspace)
         except OSError as exc:
@@ -301,7 +301,7 @@ class Sandbox:
         if not resolved.is_relative_to(top) or resolved == top:
             return  # out of the copy: never read as the reward either
         if resolved.is_dir() and not resolved.is_symlink():
-            shutil.rmtree(resolved)
+            owned.remove_tree(resolved)
         elif os.path.lexists(resolved):
             resolved.unlink()
 
@@ -426,7 +426,7 @@ class Sandbox:
                 _discard(made.result(timeout=60).proc)
         if self._cgroup is not None:
             self._cgroup.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        owned.remove_tree(self.root)
 
 
 def _discard(proc: subprocess.Popen[bytes]) -> None:
