@@ -131,6 +131,10 @@ class WorkerSettings(_Section):
     retry_backoff_seconds: float = Field(5.0, ge=0)
     cancel_poll_seconds: float = Field(1.0, gt=0)
     api_key: str | None = None
+    # The key in a file instead (the chart mounts its Secret there), which wins over
+    # api_key: read again whenever it changes, and once more before retrying a call the
+    # gateway answered 401, so that a rotated key is used without a restart.
+    api_key_file: str | None = None
     protocol: Literal["text", "tools"] = "text"
     # GET /metrics and GET /healthz (tiergate.queue.observe_http); port 0 picks a free one.
     metrics_host: str = "0.0.0.0"

@@ -9,10 +9,13 @@ parser, and a plain-text protocol for small models (one command in a fenced bloc
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -49,6 +52,8 @@ _FENCE = re.compile(r"```(?:[a-zA-Z]*)\n(.*?)```", re.S)
 _DOLLAR = re.compile(r"^\s*\$ (.+)$", re.M)
 _DONE = re.compile(r"\bDONE\b")
 
+log = logging.getLogger("tiergate.worker")
+
 
 class ModelUnavailable(Exception):
     """The model endpoint could not answer now (worth retrying the job later)."""
@@ -69,6 +74,46 @@ def parse_text_reply(text: str) -> str | None:
     return None
 
 
+class WorkerKey:
+    """The workers' key: a fixed one (``jobs.worker.api_key``), or the file
+    ``jobs.worker.api_key_file`` names, read again whenever it changes (the kubelet replaces
+    a mounted Secret's file when the Secret changes) so that a rotated key is used without
+    a restart. A file that cannot be read, or is empty, leaves the last key read in use."""
+
+    def __init__(self, key: str | None = None, path: str | None = None) -> None:
+        self._key = key
+        self._path = Path(path) if path else None
+        self._seen: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def from_file(self) -> bool:
+        return self._path is not None
+
+    def get(self, force: bool = False) -> str | None:
+        """The key now; ``force`` reads the file even when it looks unchanged."""
+        if self._path is None:
+            return self._key
+        with self._lock:
+            try:
+                stat = self._path.stat()
+                seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if force or seen != self._seen:
+                    key = self._path.read_text().strip()
+                    if not key:
+                        raise OSError("the file is empty")
+                    if self._key is not None and key != self._key:
+                        log.info("the workers' key changed in %s: using the new one", self._path)
+                    self._key, self._seen = key, seen
+            except OSError as exc:
+                if self._key is None:
+                    raise ModelUnavailable(
+                        f"the workers' key file {self._path} cannot be read: {exc}"
+                    ) from exc
+                log.warning("the workers' key file %s: %s (the last key stays)", self._path, exc)
+            return self._key
+
+
 class ModelClient:
     """Chat completions through the gateway, with the job's model and tier."""
 
@@ -77,21 +122,33 @@ class ModelClient:
         base_url: str,
         model: str,
         service_tier: str,
-        api_key: str | None,
+        api_key: str | WorkerKey | None,
         timeout: float = 120.0,
         on_behalf_of: str | None = None,
     ) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        if api_key and on_behalf_of:
-            # The job's owner's models, tiers and limits apply to the agent's calls.
-            headers["x-tiergate-on-behalf-of"] = on_behalf_of
+        self._key = api_key if isinstance(api_key, WorkerKey) else WorkerKey(api_key)
+        self._on_behalf_of = on_behalf_of
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
-            headers=headers,
             timeout=httpx.Timeout(timeout, connect=5.0),
         )
         self._model = model
         self._tier = service_tier
+
+    def _headers(self, api_key: str | None) -> dict[str, str]:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        if api_key and self._on_behalf_of:
+            # The job's owner's models, tiers and limits apply to the agent's calls.
+            headers["x-tiergate-on-behalf-of"] = self._on_behalf_of
+        return headers
+
+    def _post(self, body: dict[str, Any], api_key: str | None) -> httpx.Response:
+        try:
+            return self._client.post(
+                "/v1/chat/completions", json=body, headers=self._headers(api_key)
+            )
+        except httpx.TransportError as exc:
+            raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     def chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -105,10 +162,14 @@ class ModelClient:
         }
         if tools:
             body["tools"] = tools
-        try:
-            resp = self._client.post("/v1/chat/completions", json=body)
-        except httpx.TransportError as exc:
-            raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        api_key = self._key.get()
+        resp = self._post(body, api_key)
+        if resp.status_code == 401 and self._key.from_file:
+            # The key may have been rotated since the file was last read: once more with
+            # what the file holds now, if that differs.
+            fresh = self._key.get(force=True)
+            if fresh != api_key:
+                resp = self._post(body, fresh)
         if resp.status_code in (429, 500, 502, 503, 504):
             raise ModelUnavailable(f"HTTP {resp.status_code}: {resp.text[:300]}")
         if resp.status_code != 200:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
 from tiergate.protocol import Job, JobMessage, JobStatus, TrajectoryEntry
-from tiergate.queue.agent import ModelClient
+from tiergate.queue.agent import ModelClient, WorkerKey
 from tiergate.queue.breaker import BreakerBoard, Verdict
 from tiergate.queue.jobsandbox import (
     EarlySandbox,
@@ -85,13 +85,15 @@ class RunnerBase:
         self._leases = leases or store.leases(settings.worker.lease_seconds)
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
         self._lease: RunLease | None = None
+        # jobs.worker.api_key_file (read again when it changes) or jobs.worker.api_key.
+        self._worker_key = WorkerKey(settings.worker.api_key, settings.worker.api_key_file)
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
             self._settings.gateway_url,
             message.spec.model,
             message.spec.service_tier,
-            self._settings.worker.api_key,
+            self._worker_key,
             on_behalf_of=message.owner,
         )
 
