@@ -34,7 +34,8 @@ CRDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
 }
-# What the existing Secrets that ci/gpu-production.yaml names hold (auth, Kafka).
+# What the existing Secrets that ci/gpu-production.yaml names hold (auth, engines, Redis,
+# Kafka).
 WORKER_KEY = "tg-worker-key-for-the-tests"
 EXISTING_SECRETS = {
     "tiergate-auth": {
@@ -46,8 +47,15 @@ EXISTING_SECRETS = {
         ),
         "worker-api-key": WORKER_KEY,
     },
+    "tiergate-engine": {"engine-api-key": "engine-key-from-an-existing-secret-0123456789"},
+    "tiergate-redis": {"redis-password": "redis-password-from-an-existing-secret"},
     "kafka-credentials": {"username": "tiergate", "password": "s3cret", "ca.crt": "PEM"},
 }
+# What the chart's defaults leave to the installer (a seed for the secrets the chart makes,
+# the object store's addresses for the workers' egress), given to a render unless one of
+# the ci/*.yaml files, which carry their own, is among its values. Later sets win.
+SEED = "tests-seed-0123456789abcdef0123456789abcdef"
+REQUIRED = (f"secretSeed={SEED}", "jobs.storage.cidrs[0]=10.0.64.0/24")
 
 
 def helm() -> str:
@@ -56,13 +64,32 @@ def helm() -> str:
     return found
 
 
-def render(*values: Path, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def template_args(
+    values: tuple[Path, ...], sets: tuple[str, ...], required: bool = True
+) -> list[str]:
+    """helm template's arguments; REQUIRED first unless a ci/*.yaml file (which carries
+    its own) is among the values."""
     args = [helm(), "template", "rel", str(CHART), "--namespace", "llm"]
     for path in values:
         args += ["-f", str(path)]
-    for item in sets:
+    defaults = required and not any(path in VALUES for path in values)
+    for item in (REQUIRED if defaults else ()) + sets:
         args += ["--set", item]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return args
+
+
+def render_text(*values: Path, sets: tuple[str, ...] = (), required: bool = True) -> str:
+    """What helm template prints."""
+    args = template_args(values, sets, required)
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def render(
+    *values: Path, sets: tuple[str, ...] = (), required: bool = True
+) -> list[dict[str, Any]]:
+    out = render_text(*values, sets=sets, required=required)
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -184,14 +211,11 @@ def _use_gateway_config(
     monkeypatch.setenv("TIERGATE_CONFIG", str(config))
 
 
-def render_fails(*sets: str, values: tuple[Path, ...] = ()) -> str:
+def render_fails(*sets: str, values: tuple[Path, ...] = (), required: bool = True) -> str:
     """helm template's complaint for values it must refuse."""
-    args = [helm(), "template", "rel", str(CHART)]
-    for path in values:
-        args += ["-f", str(path)]
-    for item in sets:
-        args += ["--set", item]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        template_args(values, sets, required), capture_output=True, text=True, check=False
+    )
     assert proc.returncode != 0, "rendered values that must be refused"
     return proc.stderr
 

@@ -55,7 +55,9 @@ def test_default_values_take_key_hashes_from_the_secret(
     assert gateway.auth.enabled
     by_hash = {k.hash: k for k in all_keys(gateway)}
     worker = load_pod_settings(docs, "Deployment", "rel-tiergate-worker", tmp_path, monkeypatch)
-    assert worker.jobs.worker.api_key == worker_key
+    # The workers' key reaches them as a mounted file (read again when it changes).
+    assert worker.jobs.worker.api_key is None and worker.jobs.worker.api_key_file
+    assert Path(worker.jobs.worker.api_key_file).read_text() == worker_key
     entry = by_hash[hash_key(worker_key)]
     assert entry.name == "job-workers" and entry.acts_for_job_owners
     # Client keys from values join it, as hashes.
@@ -73,18 +75,33 @@ def test_existing_secret_holds_the_keys(tmp_path: Path, monkeypatch: pytest.Monk
     worker = load_pod_settings(docs, "Deployment", "rel-tiergate-worker", tmp_path, monkeypatch)
     assert {k.name for k in all_keys(gateway)} == {"team-a", "job-workers"}
     acting = {k.hash for k in all_keys(gateway) if k.acts_for_job_owners}
-    assert worker.jobs.worker.api_key is not None
-    assert acting == {hash_key(worker.jobs.worker.api_key)}
+    assert worker.jobs.worker.api_key_file is not None
+    assert acting == {hash_key(Path(worker.jobs.worker.api_key_file).read_text())}
 
 
 @pytest.mark.parametrize(
-    "public", ["gateway.ingress.enabled=true", "gateway.service.type=LoadBalancer"]
+    "public",
+    [
+        ("gateway.ingress.enabled=true",),
+        (
+            "gateway.service.type=LoadBalancer",
+            "gateway.networkPolicy.from[0].ipBlock.cidr=203.0.113.0/24",
+        ),
+    ],
+    ids=["ingress", "load-balancer"],
 )
-def test_public_gateway_without_keys_fails_to_render(public: str) -> None:
-    complaint = render_fails("auth.enabled=false", public)
+def test_public_gateway_without_keys_fails_to_render(public: tuple[str, ...]) -> None:
+    complaint = render_fails("auth.enabled=false", "auth.insecureDisabled=true", *public)
     assert "auth.allowAnonymous" in complaint, complaint
     # An explicit choice renders, and the gateway then has no keys.
-    docs = render(sets=("auth.enabled=false", public, "auth.allowAnonymous=true"))
+    docs = render(
+        sets=(
+            "auth.enabled=false",
+            "auth.insecureDisabled=true",
+            *public,
+            "auth.allowAnonymous=true",
+        )
+    )
     config = yaml.safe_load(
         find(docs, "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
     )
@@ -92,9 +109,8 @@ def test_public_gateway_without_keys_fails_to_render(public: str) -> None:
     gateway = pod_spec(docs, "Deployment", "rel-tiergate-gateway")["containers"][0]
     assert "TIERGATE_AUTH__KEYS_FILE" not in {e["name"] for e in gateway["env"]}
     worker = pod_spec(docs, "Deployment", "rel-tiergate-worker")["containers"][0]
-    assert "TIERGATE_JOBS__WORKER__API_KEY" not in {e["name"] for e in worker["env"]}
-    # A private gateway with auth off renders too.
-    render(sets=("auth.enabled=false",))
+    names = {e["name"] for e in worker["env"]}
+    assert not names & {"TIERGATE_JOBS__WORKER__API_KEY", "TIERGATE_JOBS__WORKER__API_KEY_FILE"}
 
 
 @pytest.mark.parametrize(

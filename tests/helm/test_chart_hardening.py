@@ -77,7 +77,7 @@ def test_in_cluster_stores_by_their_pods_and_every_address_refused() -> None:
     } in rules
     assert "every address" in chart.render_fails("jobs.storage.cidrs[0]=0.0.0.0/0")
     assert "every address" in chart.render_fails("jobs.kafka.cidrs[0]=::/0")
-    assert "name its addresses" in chart.render_fails("jobs.kafka.cidrs=null")
+    assert "name its addresses" in chart.render_fails("jobs.kafka.peers=null")
 
 
 def test_workers_run_under_the_charts_profiles_unless_told_otherwise() -> None:

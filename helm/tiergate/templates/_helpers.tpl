@@ -421,3 +421,75 @@ topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* A secret the chart makes (.purpose: worker-api-key, engine-api-key, redis-password),
+the same on every render (helm template, Argo CD, Flux): derived from secretSeed, or with
+no seed the value already in the cluster's Secret (.secret, key .key; lookup finds it under
+helm install/upgrade only), else rendering fails. Never random: a value made per render
+would change on every sync, and the pods holding the old one would be refused. */}}
+{{- define "tiergate.generated" -}}
+{{- $root := .root -}}
+{{- $seed := $root.Values.secretSeed | default "" -}}
+{{- if $seed -}}
+{{- .prefix | default "" -}}{{- sha256sum (printf "tiergate/%s/%s/%s/%s" $seed $root.Release.Namespace $root.Release.Name .purpose) -}}
+{{- else -}}
+{{- $existing := (lookup "v1" "Secret" $root.Release.Namespace .secret).data | default dict -}}
+{{- $found := index $existing .key | default "" | b64dec -}}
+{{- if not $found -}}
+{{- fail (printf "%s (Secret %s, key %s) needs a source that is the same on every render: set secretSeed (at least 32 random characters, kept as secret as the keys: `openssl rand -hex 32`) to derive it, or name an existing Secret in %s. The chart does not generate it at random: under helm template (Argo CD, Flux) it would change on every render." .purpose .secret .key .existingValue) -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tiergate.workerKey" -}}
+{{- include "tiergate.generated" (dict "root" . "purpose" "worker-api-key" "prefix" "tg-" "secret" (include "tiergate.authSecret" .) "key" "worker-api-key" "existingValue" "auth.existingSecret") -}}
+{{- end -}}
+
+{{- define "tiergate.engineKey" -}}
+{{- include "tiergate.generated" (dict "root" . "purpose" "engine-api-key" "secret" (include "tiergate.engineSecret" .) "key" "engine-api-key" "existingValue" "vllm.apiKey.existingSecret") -}}
+{{- end -}}
+
+{{- define "tiergate.redisPassword" -}}
+{{- include "tiergate.generated" (dict "root" . "purpose" "redis-password" "secret" (include "tiergate.redisSecret" .) "key" "redis-password" "existingValue" "redis.existingSecret") -}}
+{{- end -}}
+
+{{/* The chart's Redis password: redis.existingSecret, or the chart-made Secret. */}}
+{{- define "tiergate.redisSecret" -}}
+{{- .Values.redis.existingSecret | default (printf "%s-redis" (include "tiergate.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tiergate.redisSecretKey" -}}
+{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecretKey }}{{ else }}redis-password{{ end -}}
+{{- end -}}
+
+{{/* A one-way digest of the chart-made secrets a pod reads from its environment at start
+(engine key, Redis password), as a pod annotation: a changed secretSeed rolls those pods,
+which would otherwise keep the old value. "" when the secret is not the chart's. */}}
+{{- define "tiergate.secretsChecksum" -}}
+{{- $root := .root -}}
+{{- $parts := list -}}
+{{- if and (has "engine" .uses) $root.Values.vllm.apiKey.enabled (not $root.Values.vllm.apiKey.existingSecret) -}}
+{{- $parts = append $parts (include "tiergate.engineKey" $root) -}}
+{{- end -}}
+{{- if and (has "redis" .uses) (eq (include "tiergate.redisSource" $root) "chart") (not $root.Values.redis.existingSecret) -}}
+{{- $parts = append $parts (include "tiergate.redisPassword" $root) -}}
+{{- end -}}
+{{- if $parts }}{{ join "/" $parts | sha256sum }}{{ end -}}
+{{- end -}}
+
+{{/* The gateway's NetworkPolicy peers for its API port (the workers', the helm test's,
+the Ingress controller's, gateway.networkPolicy.from), as a YAML list. */}}
+{{- define "tiergate.gatewayPeers" -}}
+{{- $np := .Values.gateway.networkPolicy -}}
+{{- $peers := list -}}
+{{- if .Values.jobs.enabled -}}
+{{- $peers = append $peers (dict "podSelector" (dict "matchLabels" (include "tiergate.selector" (dict "root" . "component" "worker") | fromYaml))) -}}
+{{- end -}}
+{{- $peers = append $peers (dict "podSelector" (dict "matchLabels" (include "tiergate.selector" (dict "root" . "component" "test") | fromYaml))) -}}
+{{- if .Values.gateway.ingress.enabled -}}
+{{- $peers = concat $peers ($np.ingressController | default list) -}}
+{{- end -}}
+{{- $peers = concat $peers ($np.from | default list) -}}
+{{- toYaml $peers -}}
+{{- end -}}
