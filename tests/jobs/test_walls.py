@@ -31,10 +31,14 @@ WORK = "/tmp/tiergate-sandboxes/walls"
 ROOT = os.geteuid() == 0
 X86_64 = platform.machine() == "x86_64"
 
-# Calls the filter refuses and an unprivileged process may otherwise make: the first
-# three work without the filter, so their EPERM is the filter's.
+# Calls the filter refuses and an unprivileged process may otherwise make, and the socket
+# families it keeps: keyctl, ptrace, personality, pidfd_getfd, process_madvise and
+# fanotify_init work without the filter, so their EPERM is the filter's. The sockets the
+# filter refuses fail without it for other reasons wherever the family is missing or wants
+# a capability; the sweep over families asks for type 99, which the kernel refuses with
+# EINVAL before it looks at the family, and the filter with EPERM.
 PROBE = r"""
-import ctypes, os
+import ctypes, mmap, os
 libc = ctypes.CDLL(None, use_errno=True)
 def call(name, result):
     print(name, "ok" if result != -1 else os.strerror(ctypes.get_errno()))
@@ -44,7 +48,27 @@ call("personality", libc.personality(0x0040000))  # ADDR_NO_RANDOMIZE
 call("clone3", libc.syscall(435, 0, 0))
 call("unshare", libc.unshare(0x10000000))  # CLONE_NEWUSER
 call("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+pidfd = libc.syscall(434, os.getpid(), 0)  # pidfd_open (allowed) on itself
+call("pidfd_getfd", libc.syscall(438, pidfd, 1, 0))  # a copy of its own stdout
+page = mmap.mmap(-1, 4096)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(ctypes.c_char.from_buffer(page)), 4096)
+call("process_madvise", libc.syscall(440, pidfd, iov, 1, 20, 0))  # MADV_COLD, its own page
+call("fanotify_init", libc.fanotify_init(0x200, 0))  # FAN_REPORT_FID, allowed unprivileged
+call("vsock", libc.socket(40, 1, 0))  # AF_VSOCK, SOCK_STREAM
+call("vsock_high", libc.syscall(41, ctypes.c_long(1 << 32 | 40), 1, 0))  # the kernel reads 40
+call("vsock_pair", libc.socketpair(40, 1, 0, (ctypes.c_int * 2)()))
+call("smc", libc.socket(2, 1, 256))  # IPPROTO_SMC over AF_INET
+for family, kind in ((1, 1), (2, 1), (10, 1), (16, 3)):  # NETLINK_ROUTE is SOCK_RAW
+    call(f"af{family}", libc.socket(family, kind, 0))
+call("unix_pair", libc.socketpair(1, 1, 0, (ctypes.c_int * 2)()))
+for family in range(47):
+    if family not in (1, 2, 10, 16):
+        call(f"af{family}", libc.socket(family, 99, 0))
 """
+ALLOWED_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+REFUSED_FAMILIES = [f for f in range(47) if f not in ALLOWED_FAMILIES]
+NEW_CALLS = ("pidfd_getfd", "process_madvise", "fanotify_init")
+EPERM = "Operation not permitted"
 
 ORDINARY = (
     "echo a | tr a b > piped.txt && sh -c 'cat piped.txt' && "
@@ -117,15 +141,23 @@ def test_the_filter_refuses_what_a_job_has_no_use_for(sandbox: Sandbox) -> None:
     result = sandbox.run(f"python3 -c '{PROBE}' && {ORDINARY}", timeout=30)
     assert result.exit_code == 0, result.output
     calls = _lines(result.output)
-    for name in ("keyctl", "ptrace", "personality", "unshare", "mount"):
-        assert calls[name] == "Operation not permitted", result.output
+    for name in ("keyctl", "ptrace", "personality", "unshare", "mount", *NEW_CALLS):
+        assert calls[name] == EPERM, result.output
+    for name in ("vsock", "vsock_high", "vsock_pair", "smc"):
+        assert calls[name] == EPERM, result.output
+    assert {f: calls[f"af{f}"] for f in REFUSED_FAMILIES} == dict.fromkeys(
+        REFUSED_FAMILIES, EPERM
+    ), result.output
+    for name in (*(f"af{f}" for f in ALLOWED_FAMILIES), "unix_pair"):
+        assert calls[name] == "ok", result.output
     assert calls["clone3"] == "Function not implemented", result.output  # libc falls back
     assert result.output.split()[-3:] == ["b", "child", "thread"], result.output
 
 
 @pytest.mark.skipif(not X86_64, reason="the probe uses x86_64 system-call numbers")
 def test_without_the_filter_the_same_calls_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The control: the EPERMs above are the filter's (allowed off, they succeed)."""
+    """The control: the EPERMs above are the filter's (allowed off, the calls succeed or
+    fail with another error: a host without vsock or SMC, or type 99 in the sweep)."""
     monkeypatch.setattr(seccomp, "compiled", _unavailable)
     box = _box(SandboxSettings(work_dir=WORK, allow_no_seccomp=True))
     try:
@@ -133,7 +165,16 @@ def test_without_the_filter_the_same_calls_work(monkeypatch: pytest.MonkeyPatch)
     finally:
         box.close()
     calls = _lines(result.output)
-    assert [calls[n] for n in ("keyctl", "ptrace", "personality")] == ["ok"] * 3, result.output
+    assert result.exit_code == 0, result.output
+    names = ("keyctl", "ptrace", "personality", "pidfd_getfd", "process_madvise")
+    assert [calls[n] for n in names] == ["ok"] * 5, result.output
+    for name in ("fanotify_init", "vsock", "vsock_high", "vsock_pair", "smc"):
+        assert calls[name] != EPERM, result.output
+    assert calls["vsock_high"] == calls["vsock"], result.output  # the same call to the kernel
+    for family in REFUSED_FAMILIES:
+        assert calls[f"af{family}"] == "Invalid argument", result.output
+    for name in (*(f"af{f}" for f in ALLOWED_FAMILIES), "unix_pair"):
+        assert calls[name] == "ok", result.output
 
 
 def _unavailable() -> bytes:

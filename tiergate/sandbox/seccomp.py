@@ -10,6 +10,19 @@ the C library falls back to ``clone``. ``personality`` is refused when it would 
 address randomisation or make data executable (its query, ``0xffffffff``, is refused with
 it). Other architectures' system calls (a 32-bit program on x86_64) kill the process.
 
+``socket`` and ``socketpair`` are refused for every address family but the four a job
+uses: ``AF_UNIX`` (1), ``AF_INET`` (2), ``AF_INET6`` (10) and ``AF_NETLINK`` (16, which
+``getaddrinfo``, ``ip`` and the like need). An allow-list, so that the families known for
+unprivileged kernel bugs (among them ``AF_VSOCK`` 40, ``AF_KEY`` 15, ``AF_PACKET`` 17,
+``AF_RDS`` 21, ``AF_PPPOX`` 24, ``AF_LLC`` 26, ``AF_CAN`` 29, ``AF_TIPC`` 30,
+``AF_BLUETOOTH`` 31, ``AF_ALG`` 38, ``AF_KCM`` 41, ``AF_SMC`` 43, ``AF_XDP`` 44, the amateur
+radio, ATM and other rarely used ones) and any the kernel adds later are refused alike:
+every family below ``AF_MAX`` (46) but those four is compared on the low 32 bits the kernel
+reads, and a domain of 46 or more is refused as a whole 64-bit value (so one with its upper
+bits set is refused too). ``IPPROTO_SMC`` (256, the protocol argument), which reaches SMC
+through ``AF_INET`` since Linux 6.11, is refused with them. ``io_uring``, which can open
+sockets itself, is refused outright.
+
 Where the filter cannot be built, :func:`probe_seccomp` (called by the worker at start
 through :func:`~tiergate.sandbox.limits.probe_limits`) and every sandbox refuse, unless the
 operator set ``jobs.sandbox.allow_no_seccomp``.
@@ -60,6 +73,9 @@ DENIED = (
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
+    "pidfd_getfd",  # another process's file descriptors
+    "process_madvise",  # advice on another process's memory
+    "fanotify_init",  # filesystem event watches, open to any user since Linux 5.13
     # the kernel and the machine
     "kexec_load",
     "kexec_file_load",
@@ -114,6 +130,11 @@ _PERSONALITY_FLAGS = (
     0x0200000,  # ADDR_COMPAT_LAYOUT
     0x0100000,  # MMAP_PAGE_ZERO
 )
+# Address families socket(2) and socketpair(2) may open; every other one is refused.
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
+SOCKET_FAMILIES = (_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK)
+_AF_MAX = 46  # families 0 to 45 are compared one by one, 46 and up refused together
+_IPPROTO_SMC = 256
 _S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 
@@ -158,6 +179,12 @@ def compiled() -> bytes:
         for kind in (_S_IFCHR, _S_IFBLK):
             flt.add_rule(eperm, "mknod", sc.Arg(1, sc.MASKED_EQ, _S_IFMT, kind))
             flt.add_rule(eperm, "mknodat", sc.Arg(2, sc.MASKED_EQ, _S_IFMT, kind))
+        for call in ("socket", "socketpair"):
+            for family in range(_AF_MAX):
+                if family not in SOCKET_FAMILIES:
+                    flt.add_rule(eperm, call, sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, family))
+            flt.add_rule(eperm, call, sc.Arg(0, sc.GE, _AF_MAX))
+            flt.add_rule(eperm, call, sc.Arg(2, sc.MASKED_EQ, 0xFFFFFFFF, _IPPROTO_SMC))
         for request in (_TIOCSTI, _TIOCLINUX):
             flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
         with tempfile.TemporaryFile() as out:
