@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 from concurrent.futures import Executor
@@ -32,12 +33,14 @@ from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.policy import AskedTier, Needs, Reason
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.gateway.uploads import Uploads
-from tiergate.protocol import Job, JobCreate, JobMessage
+from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 from tiergate.tiers import UnknownTierError, parse_requested_tier
+
+log = logging.getLogger("tiergate.gateway.jobs")
 
 # The length of every job id (``job_`` and 32 hex digits): a spec's message is measured with
 # one before the job has its own.
@@ -243,6 +246,10 @@ class JobsAPI:
             if bound != job_id:
                 existing = await self.storage(self._store.get, bound)
                 if existing is not None:
+                    if existing.status is JobStatus.QUEUED:
+                        # Its create may have died before its marker was written (an older
+                        # gateway's order): then the sweep would never find it.
+                        await self.storage(self._store.complete, existing, spec)
                     return json_response(await self._public(existing), headers=headers)
                 job_id = bound  # a retry of a create that failed before its record
         job = self._jobs.new_job(job_id, caller.name, spec)
@@ -255,17 +262,26 @@ class JobsAPI:
             # Another create with this Idempotency-Key recorded the job first: it enqueues
             # it, and this one answers with its job.
             return await self._created_by_another(job_id, headers)
+        await self._enqueue(job, JobMessage(id=job.id, owner=job.owner, spec=spec), digest)
+        return json_response(job.public({}), headers=headers)
+
+    async def _enqueue(self, job: Job, message: JobMessage, digest: Any) -> None:
+        """Send a recorded job's message. Refused by the broker, or never handed to it
+        (unreachable), the job was not accepted: its record is undone (413, 503). Handed
+        over but not acknowledged (a slow or frozen broker), it may still arrive: the job
+        was accepted and stays recorded, for that message or the sweep's re-send (after
+        ``requeue_after_seconds``) to start it; a worker runs it once either way."""
         try:
-            await asyncio.to_thread(
-                self._queue.enqueue, JobMessage(id=job.id, owner=job.owner, spec=spec)
-            )
+            await asyncio.to_thread(self._queue.enqueue, message)
         except MessageTooLarge as exc:  # the broker's own limit is lower than the producer's
             await self._undo(job, digest)
             raise too_large_for_queue(exc) from exc
         except QueueUnavailable as exc:
+            if exc.maybe_delivered:
+                log.warning("job %s: the broker did not acknowledge its message: %s", job.id, exc)
+                return
             await self._undo(job, digest)
             raise unavailable("queue", exc) from exc
-        return json_response(job.public({}), headers=headers)
 
     async def _created_by_another(self, job_id: str, headers: dict[str, str]) -> Response:
         existing = await self.storage(self._store.get, job_id)
@@ -330,14 +346,7 @@ class JobsAPI:
             await self._undo(job, None)
             raise unavailable("store", exc) from exc
         message = JobMessage(id=job.id, owner=job.owner, spec=spec, replay_of=job_id)
-        try:
-            await asyncio.to_thread(self._queue.enqueue, message)
-        except MessageTooLarge as exc:
-            await self._undo(job, None)
-            raise too_large_for_queue(exc) from exc
-        except QueueUnavailable as exc:
-            await self._undo(job, None)
-            raise unavailable("queue", exc) from exc
+        await self._enqueue(job, message, None)
         return json_response(job.public({}), headers=headers)
 
     # -- uploads ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tiergate.envs.registry import Registered, Registry
-from tiergate.protocol import Job, JobMessage
+from tiergate.protocol import Job, JobCreate, JobMessage
 from tiergate.queue.breaker import Breaker, BreakerBoard
 from tiergate.queue.store import JobStore, StorageError
 
@@ -26,6 +26,7 @@ _T = TypeVar("_T")
 class Pickup:
     final: Job | None  # the terminal record: the job ended already
     current: Job | None  # the status record (None: the gateway's record is not there)
+    spec: JobCreate | None  # the recorded spec (None: not there, or not read)
     cancel_requested: Future[bool]
     environment: Future[Registered | None] | None  # None: not looked up (a replay)
     breaker: tuple[Breaker, str | None] | None  # as BreakerBoard.read returned it
@@ -37,9 +38,10 @@ def read_pickup(
     store: JobStore, registry: Registry, breakers: BreakerBoard, message: JobMessage
 ) -> Pickup:
     environment = message.spec.environment
-    with ThreadPoolExecutor(max_workers=7, thread_name_prefix="pickup") as reads:
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="pickup") as reads:
         final = reads.submit(store.final, message.id)
         current = reads.submit(store.get, message.id)
+        spec = reads.submit(store.spec, message.id)
         cancel = reads.submit(store.cancel_requested, message.id)
         name = None if message.replay_of else reads.submit(registry.resolve, environment)
         breaker = reads.submit(breakers.read, environment) if breakers.enabled else None
@@ -49,6 +51,7 @@ def read_pickup(
     return Pickup(
         final=ended,
         current=None if ended is not None else current.result(),
+        spec=None if ended is not None else spec.result(),
         cancel_requested=cancel,
         environment=name,
         breaker=None if breaker is None else _or_none(breaker),

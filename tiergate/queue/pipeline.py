@@ -34,7 +34,11 @@ log = logging.getLogger("tiergate.pipeline")
 
 
 class QueueUnavailable(Exception):
-    """The broker did not acknowledge in time."""
+    """The broker did not acknowledge in time. ``maybe_delivered``: a send had handed the
+    message to the producer, which may still get it to the broker (a slow or frozen one);
+    False only when no attempt got that far (the broker unreachable)."""
+
+    maybe_delivered: bool = False
 
 
 class MessageTooLarge(QueueUnavailable):
@@ -140,6 +144,7 @@ class JobQueue:
         new producer after the topics are ensured; the second is the caller's 503. A
         message over the size limit is :class:`MessageTooLarge` at once, the producer kept."""
         self.check_size(message)
+        handed = False
         for attempt in (1, 2):
             try:
                 if topic not in self._ensured:
@@ -148,6 +153,7 @@ class JobQueue:
                 future = self._get_producer().send(
                     topic, key=message.id.encode(), value=message.model_dump_json().encode()
                 )
+                handed = True
                 future.get(timeout=self._settings.request_timeout_seconds)
                 return
             except _SIZE_ERRORS as exc:
@@ -162,9 +168,11 @@ class JobQueue:
                 self._ensured.clear()
                 self._reset_producer()
                 if attempt == 2:
-                    raise QueueUnavailable(
+                    failed = QueueUnavailable(
                         f"the broker did not acknowledge ({type(exc).__name__})"
-                    ) from exc
+                    )
+                    failed.maybe_delivered = handed
+                    raise failed from exc
 
     def enqueue(self, message: JobMessage) -> None:
         self._send(self._settings.topic, message)

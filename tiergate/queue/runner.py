@@ -83,9 +83,15 @@ class JobRunner(ReplayRunning):
             self._jobs.ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
-        if message.resent and current is not None and current.status is not JobStatus.QUEUED:
+        if current is None or current.owner != message.owner or reads.spec != message.spec:
+            # Nothing a message says is trusted without its record: no record (a create
+            # that never finished, or a job deleted), or one whose owner or spec differs
+            # (a message no gateway wrote), and it is dropped, run for no one.
+            log.warning("job %s: its message does not match a recorded job; dropped", message.id)
+            return "skipped"
+        if message.resent and current.status is not JobStatus.QUEUED:
             return "skipped"  # the original message got through after all
-        if current is not None and _stale(message, current):
+        if _stale(message, current):
             log.info(
                 "job %s: attempt %d failed already and is retried; its copy skipped",
                 message.id,

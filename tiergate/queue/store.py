@@ -88,20 +88,38 @@ class JobStore:
         return f"{self._prefix}pending/{owner}/{job_id}"
 
     def create(self, job: Job, spec: JobCreate) -> bool:
-        """Record a new job; False, writing nothing, when a job with its id is recorded
-        already. The status record is written first and only if absent (``If-None-Match``):
-        two creates given one id (one ``Idempotency-Key``) race here, and only the one
-        whose record lands enqueues the job."""
-        if not self.objects.put_once(
+        """Record a new job; False when a job with its id is recorded already. The pending
+        marker (what the sweep and the outstanding cap count), the spec and the listing entry
+        are written first, the status record last and only if absent (``If-None-Match``): a
+        gateway that dies part way leaves a marker without a record, which the sweep removes
+        once it has watched it so for ``requeue_after_seconds``, never a queued job the sweep
+        cannot find. Two creates given one id (one ``Idempotency-Key``, one spec) race at the
+        status record; only the one whose record lands enqueues the job, and the other takes
+        back its own listing entry."""
+        self.objects.put(self._pending_key(job.owner, job.id), str(job.created_at).encode())
+        self.objects.put(self._key(job.id, "spec.json"), spec.model_dump_json().encode())
+        index = self._index_key(job)
+        self.objects.put(index, b"")
+        if self.objects.put_once(
             self._key(job.id, "status.json"),
             job.model_dump_json().encode(),
             content_type="application/json",
         ):
-            return False
-        self.objects.put(self._key(job.id, "spec.json"), spec.model_dump_json().encode())
+            return True
+        winner = self.get(job.id)
+        if winner is None or self._index_key(winner) != index:
+            with contextlib.suppress(StorageError):
+                self.objects.delete(index)
+        return False
+
+    def complete(self, job: Job, spec: JobCreate) -> None:
+        """Write again what :meth:`create` writes before the record, for a recorded job
+        (an idempotent retry of a create that may have died part way, before this order:
+        its record found, its marker perhaps not)."""
         self.objects.put(self._pending_key(job.owner, job.id), str(job.created_at).encode())
+        if self.objects.get(self._key(job.id, "spec.json")) is None:
+            self.objects.put(self._key(job.id, "spec.json"), spec.model_dump_json().encode())
         self.objects.put(self._index_key(job), b"")
-        return True
 
     def delete(self, job: Job) -> None:
         """Undo :meth:`create` (the job was never enqueued); best effort."""
@@ -160,8 +178,13 @@ class JobStore:
                 return [], False
             start = self._index_key(anchor)
         keys = self.objects.keys(prefix, start, limit + 1)
-        ids = [key.rsplit("/", 1)[1].split("_", 1)[1] for key in keys[:limit]]
-        jobs = [job for job_id in ids if (job := self.get(job_id))]
+        jobs = []
+        for key in keys[:limit]:
+            job = self.get(key.rsplit("/", 1)[1].split("_", 1)[1])
+            # An entry that is not the record's own (left by a create that died before its
+            # record, then retried with the same Idempotency-Key) lists nothing.
+            if job is not None and self._index_key(job) == key:
+                jobs.append(job)
         return jobs, len(keys) > limit
 
     def outstanding(self, owner: str, limit: int) -> int:

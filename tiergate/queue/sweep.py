@@ -13,7 +13,9 @@ no clock of another machine is compared) is re-sent once (the first worker to cl
 re-send does it; the message says ``resent``, and a worker runs a re-sent job only while it
 is still queued); a re-sent job whose message is again absent for as long is failed
 ``never_delivered``. A sweep that cannot read the whole backlog acts on nothing. A pending
-marker left behind by a job that finished is removed.
+marker left behind by a job that finished is removed, and so is one with no record once
+this worker has watched it so for ``requeue_after_seconds`` (a create writes its marker
+first and its record last: a gateway that died between them accepted nothing).
 
 Its cost: one read of the backlog's messages per sweep per worker (every
 ``min(60 s, requeue_after_seconds / 4)``).
@@ -75,7 +77,18 @@ class Sweeper:
         watched: set[str] = set()
         for owner, job_id in pending:
             job = self._store.get(job_id)
-            if job is None or job.status.terminal:
+            if job is None:
+                # A create writes its marker before its record: one still being made, or
+                # one whose gateway died part way (then nothing was accepted). Removed once
+                # this worker has seen it without a record for requeue_after_seconds.
+                watched.add(job_id)
+                since, _ = self._missing.setdefault(job_id, (now, None))
+                if now - since >= self._requeue_after:
+                    self._store.drop_pending(owner, job_id)
+                    del self._missing[job_id]
+                    watched.discard(job_id)
+                continue
+            if job.status.terminal:
                 self._store.drop_pending(owner, job_id)
                 continue
             retrying = (job.error or {}).get("code") == "retrying"
@@ -93,7 +106,10 @@ class Sweeper:
                 spec = self._store.spec(job_id)
                 if spec is None or not self._store.mark_resent(job_id):
                     continue
-                self._queue.enqueue(JobMessage(id=job_id, owner=owner, spec=spec, resent=True))
+                replay_of = job.replay_of if job.kind == "replay" else None
+                self._queue.enqueue(
+                    JobMessage(id=job_id, owner=owner, spec=spec, resent=True, replay_of=replay_of)
+                )
                 log.warning(
                     "job %s: its message was not in the topic for %.0fs: sent again",
                     job_id,
