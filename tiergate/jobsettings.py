@@ -202,6 +202,10 @@ class JobsSettings(_Section):
     # Uploads one gateway replica receives at once (each spooled to its temporary directory,
     # up to max_upload_bytes: the chart's /tmp holds 8 of 64 MiB); the next is a 503.
     max_concurrent_uploads: int = Field(8, ge=1)
+    # Of those, what one key may hold at once (429 too_many_concurrent_uploads past it):
+    # eight slow uploads from one key, each held up to the body deadline, otherwise leave
+    # every other key a 503 for as long.
+    max_concurrent_uploads_per_key: int = Field(2, ge=1)
     # Event streams (GET /v1/jobs/{id}/events) one key may hold open on a gateway replica,
     # and the threads their storage polls run on (their own, not the creates').
     max_streams_per_key: int = Field(16, ge=1)

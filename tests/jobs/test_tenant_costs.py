@@ -17,6 +17,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -426,3 +427,75 @@ def test_a_check_stops_when_its_client_leaves_and_frees_its_slot(
             0.1,
             "the upload slot was not freed after the client left",
         )
+
+
+def test_parallel_creates_cannot_pass_the_outstanding_cap_together(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Issue 33: the cap was checked, then recorded, with nothing reserved between, and 100
+    parallel creates got past a cap of 100. Here 24 at once against a cap of 6: exactly 6
+    are accepted, and the neighbour key's own cap is untouched."""
+    auth, h = _keys("a", "b", a={"max_outstanding_jobs": 6})
+    with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack:
+
+        def create(_: int) -> int:
+            resp = httpx.post(f"{stack.base}/v1/jobs", json=TASK, headers=h["a"], timeout=60)
+            assert resp.status_code in (200, 429), resp.text
+            if resp.status_code == 429:
+                assert resp.json()["error"]["code"] == "too_many_outstanding_jobs"
+            return resp.status_code
+
+        with ThreadPoolExecutor(24) as pool:
+            codes = list(pool.map(create, range(24)))
+        assert codes.count(200) <= 6, codes
+        assert JobStore(stack.jobs.storage).outstanding("a", 100) == codes.count(200)
+        assert codes.count(200) >= 1
+        assert httpx.post(f"{stack.base}/v1/jobs", json=TASK, headers=h["b"]).status_code == 200
+
+
+def test_one_key_holds_at_most_its_share_of_a_replicas_upload_slots(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Eight slow uploads from one key took every slot of a replica: its others' got 503
+    upload_capacity for as long. A key now holds jobs.max_concurrent_uploads_per_key (2)."""
+    auth, h = _keys("a", "b")
+    with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack:
+        url = f"{stack.base}/v1/jobs/workspaces"
+        release = threading.Event()
+
+        body = tar_of({"f": bytes(4 * MiB)})
+
+        def slow_body() -> Iterator[bytes]:
+            # A piece every 0.2 s until released: the upload is in the gateway's hands
+            # (spooling) all along, as a slow client's is.
+            for start in range(0, len(body), 64 * 1024):
+                if not release.is_set():
+                    release.wait(0.2)
+                yield body[start : start + 64 * 1024]
+
+        def slow_upload() -> tuple[int, str]:
+            resp = httpx.post(url, content=slow_body(), headers=h["a"], timeout=60)
+            return resp.status_code, resp.text[:300]
+
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(slow_upload) for _ in range(2)]
+            try:
+                small = tar_of({"f": b"x"}, mode="w:gz")
+                seen: list[int] = []
+
+                def refused() -> bool:
+                    seen.append(_upload(stack, small, h["a"]).status_code)
+                    return seen[-1] == 429
+
+                eventually(
+                    refused,
+                    10,
+                    0.2,
+                    lambda: f"a third upload refused: {seen[-5:]}, {[f.done() for f in held]}",
+                )
+                error = _envelope(_upload(stack, small, h["a"]), 429, "too_many_concurrent_uploads")
+                assert "jobs.max_concurrent_uploads_per_key: 2" in error["message"]
+                assert _upload(stack, small, h["b"]).status_code == 200  # the neighbour's
+            finally:
+                release.set()
+            assert [f.result()[0] for f in held] == [200, 200], [f.result() for f in held]

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -20,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI, _invalid, json_response
+from tiergate.gateway.reserve import Reservations, Ticket
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.gateway.taskfile import read_tasks
 from tiergate.gateway.uploads import BATCH_TASKS
@@ -41,18 +43,23 @@ class BatchesAPI:
         self._settings = settings
         self._store = store
         self._batches = BatchStore(store)
+        self._reservations = Reservations()
         self._max_body_bytes = max_body_bytes
 
     async def create(self, request: Request) -> Response:
         caller = self._jobs.caller(request)
         body = parse_body(await read_body(request, self._max_body_bytes))
+        with self._reservations.ticket(caller.name) as ticket:
+            return await self._create(caller, body, ticket)
+
+    async def _create(self, caller: Caller, body: Any, ticket: Ticket) -> Response:
         try:
             spec = BatchCreate.model_validate(body)
             headers: dict[str, str] | None = None
             if spec.tasks_upload_id:
                 # Counted and capped before the file (up to jobs.max_batch_tasks_bytes) is
                 # read and parsed: many parallel creates naming it must not each cost that.
-                headers = await self._admit(caller)
+                headers = await self._admit(caller, ticket)
                 tasks = await self._uploaded_tasks(caller, spec.tasks_upload_id)
                 spec = BatchCreate.model_validate(
                     {
@@ -95,7 +102,7 @@ class BatchesAPI:
             )
         await self._check_uploads(caller, spec)
         if headers is None:
-            headers = await self._admit(caller)
+            headers = await self._admit(caller, ticket)
         now = int(time.time())
         batch = Batch(
             id=f"batch_{uuid.uuid4().hex}",
@@ -109,12 +116,15 @@ class BatchesAPI:
         await self._jobs.storage(self._batches.create, batch, spec, cap)
         return json_response(batch.public(), headers=headers)
 
-    async def _admit(self, caller: Caller) -> dict[str, str]:
+    async def _admit(self, caller: Caller, ticket: Ticket) -> dict[str, str]:
         """Count the create against the key's requests per minute (429 when over) and its
-        unfinished batches against jobs.max_active_batches (429); the rate-limit headers."""
+        unfinished batches, with the creates of the key that took their ticket first
+        (tiergate.gateway.reserve), against jobs.max_active_batches (429); the rate-limit
+        headers."""
         headers = await self._jobs.count(caller)
         limit = self._settings.max_active_batches
-        if await self._jobs.storage(self._batches.active_of, caller.name, limit) >= limit:
+        active = await self._jobs.storage(self._batches.active_of, caller.name, limit)
+        if active + ticket.ahead() >= limit:
             raise OpenAIError(
                 429,
                 f"This key has {limit} unfinished batches, its limit "

@@ -31,6 +31,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.eventstream import EventStreams
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.policy import AskedTier, Needs, Reason
+from tiergate.gateway.reserve import Reservations, Ticket
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.gateway.uploads import Uploads
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
@@ -96,6 +97,7 @@ class JobsAPI:
         self._store = store
         self._queue = queue
         self._jobs = JobLifecycle(store)
+        self._reservations = Reservations()
         self._gatekeeper = gatekeeper
         self._served_models = served_models
         self._uploads = Uploads(settings, store, gatekeeper, self.storage)
@@ -208,14 +210,16 @@ class JobsAPI:
         rate-limit headers."""
         return await self._gatekeeper.count_request(caller, f"job_{uuid.uuid4().hex}")
 
-    async def _admit(self, caller: Caller) -> tuple[str, dict[str, str]]:
+    async def _admit(self, caller: Caller, ticket: Ticket) -> tuple[str, dict[str, str]]:
         """A new job's id and rate-limit headers, once the submission is counted against
-        the key's requests per minute (429 when over) and its outstanding jobs are under
-        the cap (429 when at it): what create and replay both check."""
+        the key's requests per minute (429 when over) and its outstanding jobs, with the
+        creates of the key that took their ticket first (tiergate.gateway.reserve), are
+        under the cap (429 when at it): what create and replay both check."""
         job_id = f"job_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, job_id)
         cap = self.outstanding_cap(caller)
-        if await self.storage(self._store.outstanding, caller.name, cap) >= cap:
+        stored = await self.storage(self._store.outstanding, caller.name, cap)
+        if stored + ticket.ahead() >= cap:
             raise OpenAIError(
                 429,
                 f"This key has {cap} unfinished jobs, its limit; wait for one to finish.",
@@ -235,7 +239,13 @@ class JobsAPI:
         self.check_spec(caller, spec)
         if upload := spec.workspace.upload_id:
             await self._uploads.check_named(caller, upload, 400, "workspace.upload_id")
-        job_id, headers = await self._admit(caller)
+        with self._reservations.ticket(caller.name) as ticket:
+            return await self._create(request, caller, spec, ticket)
+
+    async def _create(
+        self, request: Request, caller: Caller, spec: JobCreate, ticket: Ticket
+    ) -> Response:
+        job_id, headers = await self._admit(caller, ticket)
         digest = None
         if idempotency := request.headers.get("idempotency-key"):
             digest = hashlib.sha256(f"{idempotency}\n{spec.model_dump_json()}".encode())
@@ -337,14 +347,15 @@ class JobsAPI:
         if upload := spec.workspace.upload_id:
             await self._uploads.check_named(caller, upload, 409, "job_id")
         self._check_size(caller, spec)
-        replay_id, headers = await self._admit(caller)
-        job = self._jobs.new_job(replay_id, caller.name, spec)
-        job.kind, job.replay_of = "replay", job_id
-        try:
-            await asyncio.to_thread(self._jobs.create, job, spec)
-        except StorageError as exc:
-            await self._undo(job, None)
-            raise unavailable("store", exc) from exc
+        with self._reservations.ticket(caller.name) as ticket:
+            replay_id, headers = await self._admit(caller, ticket)
+            job = self._jobs.new_job(replay_id, caller.name, spec)
+            job.kind, job.replay_of = "replay", job_id
+            try:
+                await asyncio.to_thread(self._jobs.create, job, spec)
+            except StorageError as exc:
+                await self._undo(job, None)
+                raise unavailable("store", exc) from exc
         message = JobMessage(id=job.id, owner=job.owner, spec=spec, replay_of=job_id)
         await self._enqueue(job, message, None)
         return json_response(job.public({}), headers=headers)

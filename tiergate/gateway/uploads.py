@@ -169,6 +169,17 @@ class Uploads:
                 type_="server_error",
                 headers={"retry-after": "2", **headers},
             )
+        own = len(self._receiving.get(caller.name, ()))
+        if own >= s.max_concurrent_uploads_per_key:
+            raise OpenAIError(
+                429,
+                f"This key is sending {own} uploads to this gateway, its most at once "
+                f"(jobs.max_concurrent_uploads_per_key: {s.max_concurrent_uploads_per_key}); "
+                "retry when one has finished.",
+                code="too_many_concurrent_uploads",
+                type_="rate_limit_error",
+                headers={"retry-after": "2", **headers},
+            )
         # Counted as being received before the quota is looked at, so that parallel uploads
         # from one key each see the others.
         receiving = self._receiving.setdefault(caller.name, [])
