@@ -173,6 +173,7 @@ class JobLifecycle:
 
     def _write_start(self, job: Job, deliveries: int) -> None:
         self._guard(job.id)
+        self._store.mark_running(job.owner, job.id)
         self._store.put_status(job)
         self._emit(
             job.id, "job.in_progress", status=job.status.value, attempt=deliveries, run=job.run
@@ -216,7 +217,17 @@ class JobLifecycle:
         # rebalance) is stale and skipped; the retry is the message of attempt + 1.
         job.error = {"code": "retrying", "message": error, "attempt": attempt}
         self._store.put_status(job)
+        self._store.unmark_running(job.owner, job.id)
         self._emit(job.id, "job.retrying", attempt=attempt, delay_seconds=delay, error=error)
+
+    def waiting(self, job: Job, reason: str) -> None:
+        """Queued past its key's share of the fleet (tiergate.queue.share): the record
+        says why, and the job's event stream says so once."""
+        already = (job.error or {}).get("code") == "fleet_share"
+        job.error = {"code": "fleet_share", "message": reason}
+        self._store.put_status(job)
+        if not already:
+            self._emit(job.id, "job.waiting", reason=reason)
 
     def finish(
         self,

@@ -26,13 +26,14 @@ from tiergate.queue.lease import Leases, RunLease
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.observe import WorkerMetrics
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+from tiergate.queue.share import FleetShare
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 
-Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned", "held", "fenced"]
+Outcome = Literal["finished", "skipped", "retry", "dead", "abandoned", "held", "fenced", "waiting"]
 # Outcomes after which the job's terminal record exists (its lease needs no release).
 ENDED = ("finished", "dead", "skipped")
 # Called with (status, reason) when a job ends here, for the worker's metrics.
@@ -61,6 +62,7 @@ class RunnerBase:
         metrics: WorkerMetrics | None = None,
         breakers: BreakerBoard | None = None,
         leases: Leases | None = None,
+        share: FleetShare | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -83,6 +85,10 @@ class RunnerBase:
         self.first_spawn: float | None = None
         self._early = EarlySandbox(settings.sandbox)
         self._leases = leases or store.leases(settings.worker.lease_seconds)
+        # Each key's share of the fleet (one per worker, its slots' runners share it).
+        self._share = share or FleetShare(
+            store, settings.fleet_share, settings.fleet_share_refresh_seconds
+        )
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
         self._lease: RunLease | None = None
         # jobs.worker.api_key_file (read again when it changes) or jobs.worker.api_key.

@@ -98,10 +98,21 @@ class JobRunner(ReplayRunning):
                 message.attempt,
             )
             return "skipped"
-        taken = self._leases.take(message.id, self._holder)
-        if isinstance(taken, Held):
-            log.info("job %s: run %d is held by a live lease elsewhere", message.id, taken.epoch)
-            return "held"
+        why = self._share.admit(message.owner, message.id)
+        if why is not None and current.status is JobStatus.QUEUED:
+            return self._wait_for_share(current, message, why)
+        try:
+            taken = self._leases.take(message.id, self._holder)
+            if isinstance(taken, Held):
+                log.info(
+                    "job %s: run %d is held by a live lease elsewhere", message.id, taken.epoch
+                )
+                return "held"
+            return self._leased_run(message, reads, taken)
+        finally:
+            self._share.ended(message.owner, message.id)
+
+    def _leased_run(self, message: JobMessage, reads: Pickup, taken: RunLease) -> Outcome:
         taken.on_fenced = self._fenced
         self._lease = taken
         self._jobs.fence(message.id, taken.check)
@@ -322,6 +333,15 @@ class JobRunner(ReplayRunning):
             model.close()
             sandbox.close()
             self._sandbox = None
+
+    def _wait_for_share(self, job: Job, message: JobMessage, why: str) -> Outcome:
+        """Its key holds its share of the fleet while others wait: back in the queue
+        through the retry topic (no attempt counted), the reason on its record."""
+        delay = self._settings.fleet_share_retry_seconds
+        self._queue.retry_later(message.model_copy(update={"not_before": time.time() + delay}))
+        self._jobs.waiting(job, why)
+        log.info("job %s: %s", message.id, why)
+        return "waiting"
 
     # -- failure ----------------------------------------------------------------------------
 

@@ -167,6 +167,7 @@ class JobStore:
         self.put_status(job)
         with contextlib.suppress(StorageError):
             self.objects.delete(self._pending_key(job.owner, job.id))
+        self.unmark_running(job.owner, job.id)
         return True
 
     def list_jobs(self, owner: str, after: str | None, limit: int) -> tuple[list[Job], bool]:
@@ -186,6 +187,27 @@ class JobStore:
             if job is not None and self._index_key(job) == key:
                 jobs.append(job)
         return jobs, len(keys) > limit
+
+    def _running_key(self, owner: str, job_id: str) -> str:
+        return f"{self._prefix}running/{owner}/{job_id}"
+
+    def mark_running(self, owner: str, job_id: str) -> None:
+        """Count the job among its owner's running ones (tiergate.queue.share)."""
+        self.objects.put(self._running_key(owner, job_id), b"")
+
+    def unmark_running(self, owner: str, job_id: str) -> None:
+        with contextlib.suppress(StorageError):
+            self.objects.delete(self._running_key(owner, job_id))
+
+    def running_by_owner(self) -> dict[str, set[str]]:
+        """The running markers: owner -> job ids."""
+        root = f"{self._prefix}running/"
+        found: dict[str, set[str]] = {}
+        for page in self.objects.pages(root):
+            for key in page:
+                owner, _, job_id = key.removeprefix(root).rpartition("/")
+                found.setdefault(owner, set()).add(job_id)
+        return found
 
     def outstanding(self, owner: str, limit: int) -> int:
         """How many of ``owner``'s jobs are unfinished (counting up to ``limit``)."""

@@ -91,7 +91,8 @@ class Sweeper:
             if job.status.terminal:
                 self._store.drop_pending(owner, job_id)
                 continue
-            retrying = (job.error or {}).get("code") == "retrying"
+            # Its message waits in the retry topic (a retry, or a key over its fleet share).
+            retrying = (job.error or {}).get("code") in ("retrying", "fleet_share")
             if job.status is not JobStatus.QUEUED or retrying or job_id in ahead:
                 continue
             watched.add(job_id)

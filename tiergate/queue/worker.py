@@ -54,6 +54,7 @@ from tiergate.queue.observe import Liveness, WorkerMetrics
 from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.queue.runner import JobRunner
+from tiergate.queue.share import FleetShare
 from tiergate.queue.steal import Stealer
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.queue.sweep import Sweeper
@@ -182,6 +183,9 @@ class Worker:
         log.info("sandbox limits: %s", self.limits)
         self._store.ensure_bucket()
         self._queue.ensure_topics()
+        self.share = FleetShare(
+            self._store, self._settings.fleet_share, self._settings.fleet_share_refresh_seconds
+        )
         for index in range(self._settings.worker.concurrency):
             # Each slot's jobs run as a user of their own (sandbox.uid + index).
             slot = self._settings.model_copy(
@@ -196,6 +200,7 @@ class Worker:
                 metrics=self.metrics,
                 breakers=self.breakers,
                 leases=self.leases,
+                share=self.share,
             )
             self._runners.append(runner)
             self._thread(f"job-slot-{index}", self.consumer.slot, index, f"job-slot-{index}")
