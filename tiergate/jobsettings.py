@@ -174,6 +174,10 @@ class BreakerSettings(_Section):
     failures_to_open: int = Field(5, ge=1)
     # How long an open breaker fails jobs fast before one probe job may run.
     cooldown_seconds: float = Field(60.0, ge=0)
+    # How long one probe may hold the half-open state: a probe job running longer (a
+    # tenant's one-hour job) no longer stops every other job of the environment; the next
+    # job picked up probes too.
+    probe_seconds: float = Field(300.0, gt=0)
 
 
 class JobsSettings(_Section):
@@ -210,6 +214,13 @@ class JobsSettings(_Section):
     # and the threads their storage polls run on (their own, not the creates').
     max_streams_per_key: int = Field(16, ge=1)
     stream_threads: int = Field(8, ge=1, le=256)
+    # The most of the fleet's running jobs one key may hold while another key's jobs wait
+    # (1: no share; a key alone uses the whole fleet either way), how long a job over it
+    # waits before its message comes back, and how often a worker lists who runs and who
+    # waits (tiergate/queue/share.py).
+    fleet_share: float = Field(0.5, gt=0, le=1)
+    fleet_share_retry_seconds: float = Field(5.0, gt=0)
+    fleet_share_refresh_seconds: float = Field(2.0, ge=0)
     # A job still queued this long after it was accepted, with no worker having started it,
     # is sent again (its first message may never have reached the broker); the worker runs
     # a re-sent job only if it is still queued, so a slow queue does not run a job twice.

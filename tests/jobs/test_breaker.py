@@ -73,6 +73,26 @@ def test_environment_name_is_validated_and_defaults() -> None:
             JobCreate(model="m", instruction="x", environment=bad)
 
 
+def test_a_long_probe_holds_the_half_open_state_for_probe_seconds_at_most(s3: str) -> None:
+    """Issue 33: a tenant's one-hour probe job held the environment half-open for the hour,
+    failing every other tenant's job there, and the refusal named the probe's job id."""
+    settings = _settings(s3, probe_seconds=120)
+    JobStore(settings.storage).ensure_bucket()
+    clock = Clock()
+    board = _board(settings, clock)
+    for job in ("job_a", "job_b"):
+        board.record("env1", job, "setup", "exit 3", owner=job)
+    clock.now += 61
+    assert board.admit("env1", "job_mallory_probe").probe
+    clock.now += 100
+    refused = board.admit("env1", "job_other")
+    assert not refused.allowed and "job_mallory_probe" not in refused.message, refused.message
+    assert "the probe job now running" in refused.message
+    clock.now += 21  # the probe has run past probe_seconds without a verdict
+    taken = board.admit("env1", "job_other")
+    assert taken.allowed and taken.probe and taken.breaker.probe == "job_other"
+
+
 def test_state_machine_on_real_s3(s3: str) -> None:
     settings = _settings(s3)
     JobStore(settings.storage).ensure_bucket()

@@ -244,7 +244,9 @@ class BreakerBoard:
                 if b.probe == job_id:  # the probe, redelivered
                     decided.update(allowed=True, probe=True)
                     return None
-                if b.probe is None or not self._probe_ended(b.probe):
+                started = b.probe_started_at or now
+                overdue = now - started > self._settings.probe_seconds
+                if b.probe is None or (not overdue and not self._probe_ended(b.probe)):
                     return None
             elif b.held or b.opened_at is None or now < b.opened_at + cooldown:
                 return None
@@ -268,7 +270,8 @@ class BreakerBoard:
         if b.held:
             when = "when an operator closes it (tiergate env breaker close)"
         elif b.state == "half_open":
-            when = f"when probe job {b.probe} ends"
+            # Not the probe's id: that is another tenant's job.
+            when = "when the probe job now running ends"
         else:
             when = f"after {_stamp(b.next_probe_at(cooldown))}"
         state = "held open by an operator" if b.held else b.state.replace("_", "-")
