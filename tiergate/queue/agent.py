@@ -107,9 +107,9 @@ class WorkerKey:
                     self._key, self._seen = key, seen
             except OSError as exc:
                 if self._key is None:
-                    raise ModelUnavailable(
-                        f"the workers' key file {self._path} cannot be read: {exc}"
-                    ) from exc
+                    # The path stays in the worker's log: a job's error never names one.
+                    log.error("the workers' key file %s cannot be read: %s", self._path, exc)
+                    raise ModelUnavailable("the workers' key file cannot be read") from exc
                 log.warning("the workers' key file %s: %s (the last key stays)", self._path, exc)
             return self._key
 
