@@ -195,15 +195,28 @@ class ApiKey(_Section):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    # The tenant the key's jobs, uploads, batches and artifacts belong to. Unset, it is
+    # the key's own stable id (:attr:`owner_id`, from its hash), which no other key can
+    # have: a new key given a revoked key's name is a new tenant, not the heir of the old
+    # one's data (a name is a label, reused at will). Set it on a replacement key to keep
+    # a rotated key's data, or on several keys of one team to share it; keys sharing an
+    # owner share its jobs, so it is the operator's explicit choice, never a default.
+    owner: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     models: list[str] | None = None
     limits: KeyLimits = Field(default_factory=KeyLimits)
     # Higher is admitted first when a tier's admission queue is not empty.
     priority: int = Field(0, ge=0, le=9)
     # A job worker's key: it may call the model on behalf of a job's owner
-    # (``x-tiergate-on-behalf-of: <owner key name>``), and is then held to the owner's
+    # (``x-tiergate-on-behalf-of: <the owner's id>``), and is then held to the owner's
     # models, tiers and limits. No other key may name someone else.
     acts_for_job_owners: bool = False
+
+    @property
+    def owner_id(self) -> str:
+        """Whose data this key reaches: ``owner``, else ``key-`` and 24 hex digits of the
+        key's hash (96 bits: no two random keys share one)."""
+        return self.owner or "key-" + self.hash.removeprefix("sha256:")[:24]
 
 
 class AuthSettings(_Section):

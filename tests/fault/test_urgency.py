@@ -30,7 +30,10 @@ def test_the_engine_priority_follows_the_asked_tier_and_jobs_go_last(
     fakes: list[FakeVllm],
 ) -> None:
     keys = tenants("alice")
-    worker = {"authorization": f"Bearer {keys.worker}", "x-tiergate-on-behalf-of": "alice"}
+    worker = {
+        "authorization": f"Bearer {keys.worker}",
+        "x-tiergate-on-behalf-of": keys.owners["alice"],
+    }
     alice = keys.headers("alice")
     settings = gateway_settings(
         [fakes[0].url], [fakes[2].url], policy={"engine_priorities": True}, auth=keys.auth

@@ -7,14 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiergate.gateway.auth import new_key
+from tiergate.settings import ApiKey
 
 
 @dataclass
 class Tenants:
     """Keys by name; :attr:`auth` is the gateway's ``auth`` settings tree, :attr:`worker`
-    the workers' key (``jobs.worker.api_key``)."""
+    the workers' key (``jobs.worker.api_key``); :attr:`owners`, the owner id (a key's stable
+    id, under which the store keeps its jobs and uploads) by name."""
 
     secrets: dict[str, str] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
     auth: dict[str, Any] = field(default_factory=dict)
     worker: str = ""
 
@@ -29,7 +32,9 @@ def tenants(*names: str, **limits: dict[str, Any]) -> Tenants:
     for name in names:
         key, digest = new_key()
         out.secrets[name] = key
-        entries.append({"name": name, "hash": digest, "limits": limits.get(name, {})})
+        entry = {"name": name, "hash": digest, "limits": limits.get(name, {})}
+        out.owners[name] = ApiKey.model_validate(entry).owner_id
+        entries.append(entry)
     out.worker, digest = new_key()
     entries.append({"name": "workers", "hash": digest, "acts_for_job_owners": True})
     out.auth = {"enabled": True, "keys": entries}

@@ -3,12 +3,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pydantic import ValidationError
 
 from tiergate.gateway.admission import Gate
 from tiergate.gateway.auth import Authenticator, hash_key, new_key
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.limits import LocalLimiter, duration
-from tiergate.settings import AuthSettings, KeyLimits
+from tiergate.settings import ApiKey, AuthSettings, KeyLimits
 from tiergate.tiers import Tier
 
 
@@ -128,15 +129,32 @@ def test_a_worker_key_acts_for_a_job_owner_and_no_other_key_may() -> None:
             ],
         )
     )
-    caller = auth.authenticate(f"Bearer {worker_key}", "owner")
+    owner = auth.authenticate(f"Bearer {owner_key}").owner
+    caller = auth.authenticate(f"Bearer {worker_key}", owner)
     # The owner's identity, tiers and limits apply to the agent's model calls.
-    assert caller.name == "owner" and not caller.may_use_tier(Tier.FAST)
+    assert caller.name == "owner" and caller.owner == owner
+    assert not caller.may_use_tier(Tier.FAST)
     assert caller.key is not None and caller.key.limits.requests_per_minute == 5
     assert auth.authenticate(f"Bearer {worker_key}").name == "worker"
     with pytest.raises(OpenAIError) as refused:
-        auth.authenticate(f"Bearer {other_key}", "owner")
+        auth.authenticate(f"Bearer {other_key}", owner)
     assert refused.value.status == 403
-    with pytest.raises(OpenAIError) as unknown:
-        auth.authenticate(f"Bearer {worker_key}", "nobody")
-    assert unknown.value.status == 403
-    del owner_key
+    # A job is named by its owner's id, never by a key's name (which a new key can take).
+    for unknown_owner in ("nobody", "owner"):
+        with pytest.raises(OpenAIError) as unknown:
+            auth.authenticate(f"Bearer {worker_key}", unknown_owner)
+        assert unknown.value.status == 403
+    del other_key
+
+
+def test_an_owner_is_the_keys_stable_id_unless_the_operator_names_one() -> None:
+    """Two keys of one name are two owners; an explicit owner is shared on purpose."""
+    (_, first), (_, second) = new_key(), new_key()
+    a = ApiKey.model_validate({"name": "team", "hash": first})
+    b = ApiKey.model_validate({"name": "team", "hash": second})
+    assert a.owner_id != b.owner_id
+    assert a.owner_id == "key-" + first.removeprefix("sha256:")[:24]
+    kept = ApiKey.model_validate({"name": "team-2", "hash": second, "owner": a.owner_id})
+    assert kept.owner_id == a.owner_id
+    with pytest.raises(ValidationError):
+        ApiKey.model_validate({"name": "x", "hash": second, "owner": "../other"})

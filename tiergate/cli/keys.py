@@ -43,3 +43,8 @@ def keys_create(
         err=True,
     )
     typer.echo("- " + json.dumps(entry.model_dump(mode="json", exclude_none=True)), err=True)
+    typer.echo(
+        f"# Its jobs and uploads belong to {entry.owner_id} (give a replacement key "
+        f'"owner": "{entry.owner_id}" to keep them).',
+        err=True,
+    )

@@ -48,6 +48,12 @@ class Caller:
     # requests share a queue (tiergate.tiers.JOB_URGENCY).
     for_job: bool = False
 
+    @property
+    def owner(self) -> str:
+        """The tenant whose jobs, uploads and batches this caller reaches (the key's stable
+        :attr:`ApiKey.owner_id`, never its name); limits, logs and metrics go by name."""
+        return self.name if self.key is None else self.key.owner_id
+
     def may_use_tier(self, tier: Tier) -> bool:
         return self.key is None or tier in self.key.tiers
 
@@ -85,13 +91,17 @@ class Authenticator:
         self._file_content: bytes | None = None
         self._checked_at = clock()
         self._by_hash: dict[str, ApiKey] = {}
-        self._by_name: dict[str, ApiKey] = {}
+        self._by_owner: dict[str, ApiKey] = {}
         self._install(self._read_file() if self._file is not None else [])
 
     def _install(self, from_file: list[ApiKey]) -> None:
         keys = [*self._settings.keys, *from_file]
         self._by_hash = {key.hash: key for key in keys}
-        self._by_name = {key.name: key for key in keys}
+        # Keys sharing an owner (set so on purpose): the first configured one stands for
+        # the owner's jobs, so such keys should be given the same tiers and models.
+        self._by_owner = {}
+        for key in keys:
+            self._by_owner.setdefault(key.owner_id, key)
 
     def _read_file(self) -> list[ApiKey]:
         assert self._file is not None
@@ -146,7 +156,7 @@ class Authenticator:
                 f"This API key may not send {ON_BEHALF_OF}.",
                 code="on_behalf_of_not_allowed",
             )
-        owner = self._by_name.get(on_behalf_of)
+        owner = self._by_owner.get(on_behalf_of)
         if owner is None:
             raise OpenAIError(403, "The job's owner no longer has a key.", code="owner_unknown")
         return Caller(owner.name, owner, for_job=True)

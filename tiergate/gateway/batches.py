@@ -49,7 +49,7 @@ class BatchesAPI:
     async def create(self, request: Request) -> Response:
         caller = self._jobs.caller(request)
         body = parse_body(await read_body(request, self._max_body_bytes))
-        with self._reservations.ticket(caller.name) as ticket:
+        with self._reservations.ticket(caller.owner) as ticket:
             return await self._create(caller, body, ticket)
 
     async def _create(self, caller: Caller, body: Any, ticket: Ticket) -> Response:
@@ -106,7 +106,7 @@ class BatchesAPI:
         now = int(time.time())
         batch = Batch(
             id=f"batch_{uuid.uuid4().hex}",
-            owner=caller.name,
+            owner=caller.owner,
             created_at=now,
             samples_per_task=spec.samples_per_task,
             rounds=spec.rounds,
@@ -123,7 +123,7 @@ class BatchesAPI:
         headers."""
         headers = await self._jobs.count(caller)
         limit = self._settings.max_active_batches
-        active = await self._jobs.storage(self._batches.active_of, caller.name, limit)
+        active = await self._jobs.storage(self._batches.active_of, caller.owner, limit)
         if active + ticket.ahead() >= limit:
             raise OpenAIError(
                 429,
@@ -147,7 +147,7 @@ class BatchesAPI:
         def read() -> list[BatchTask] | None:
             with tempfile.TemporaryDirectory(prefix="tiergate-tasks-") as scratch:
                 path = Path(scratch) / "tasks.jsonl"
-                if not self._store.read_upload_to(caller.name, upload_id, path):
+                if not self._store.read_upload_to(caller.owner, upload_id, path):
                     return None
                 with path.open("rb") as file:
                     return read_tasks(file)
@@ -184,7 +184,7 @@ class BatchesAPI:
 
     async def _owned(self, request: Request, batch_id: str) -> Batch:
         caller = self._jobs.caller(request)
-        batch: Batch | None = await self._jobs.storage(self._batches.state, caller.name, batch_id)
+        batch: Batch | None = await self._jobs.storage(self._batches.state, caller.owner, batch_id)
         if batch is None:
             raise OpenAIError(
                 404, f"No batch with id {batch_id!r}.", param="batch_id", code="batch_not_found"

@@ -82,7 +82,7 @@ class EventStreams:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _take(self, caller: Caller) -> Callable[[], None]:
-        held = self._open.get(caller.name, 0)
+        held = self._open.get(caller.owner, 0)
         if held >= self._max_per_key:
             raise OpenAIError(
                 429,
@@ -92,7 +92,7 @@ class EventStreams:
                 type_="rate_limit_error",
                 headers={"retry-after": "5"},
             )
-        self._open[caller.name] = held + 1
+        self._open[caller.owner] = held + 1
         released = False
 
         def release() -> None:
@@ -100,11 +100,11 @@ class EventStreams:
             if released:
                 return
             released = True
-            left = self._open.get(caller.name, 1) - 1
+            left = self._open.get(caller.owner, 1) - 1
             if left > 0:
-                self._open[caller.name] = left
+                self._open[caller.owner] = left
             else:
-                self._open.pop(caller.name, None)
+                self._open.pop(caller.owner, None)
 
         return release
 

@@ -119,7 +119,7 @@ class JobsAPI:
     async def _owned(self, request: Request, job_id: str) -> Job:
         caller = self.caller(request)
         job: Job | None = await self.storage(self._store.get, job_id)
-        if job is None or job.owner != caller.name:
+        if job is None or job.owner != caller.owner:
             # Another key's job does not exist, as far as this key can tell.
             raise OpenAIError(
                 404, f"No job with id {job_id!r}.", param="job_id", code="job_not_found"
@@ -183,7 +183,7 @@ class JobsAPI:
         job is admitted, so that nothing is written and no limit is counted for it."""
         largest = JobMessage(
             id=_SOME_JOB_ID,
-            owner=caller.name,
+            owner=caller.owner,
             spec=spec,
             attempt=10**6,
             not_before=time.time() + 10**6 + 0.123456,
@@ -218,7 +218,7 @@ class JobsAPI:
         job_id = f"job_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, job_id)
         cap = self.outstanding_cap(caller)
-        stored = await self.storage(self._store.outstanding, caller.name, cap)
+        stored = await self.storage(self._store.outstanding, caller.owner, cap)
         if stored + ticket.ahead() >= cap:
             raise OpenAIError(
                 429,
@@ -239,7 +239,7 @@ class JobsAPI:
         self.check_spec(caller, spec)
         if upload := spec.workspace.upload_id:
             await self._uploads.check_named(caller, upload, 400, "workspace.upload_id")
-        with self._reservations.ticket(caller.name) as ticket:
+        with self._reservations.ticket(caller.owner) as ticket:
             return await self._create(request, caller, spec, ticket)
 
     async def _create(
@@ -251,7 +251,7 @@ class JobsAPI:
             digest = hashlib.sha256(f"{idempotency}\n{spec.model_dump_json()}".encode())
             digest_hex = digest.hexdigest()
             bound = await self.storage(
-                self._store.claim_idempotency, caller.name, digest_hex, job_id
+                self._store.claim_idempotency, caller.owner, digest_hex, job_id
             )
             if bound != job_id:
                 existing = await self.storage(self._store.get, bound)
@@ -262,7 +262,7 @@ class JobsAPI:
                         await self.storage(self._store.complete, existing, spec)
                     return json_response(await self._public(existing), headers=headers)
                 job_id = bound  # a retry of a create that failed before its record
-        job = self._jobs.new_job(job_id, caller.name, spec)
+        job = self._jobs.new_job(job_id, caller.owner, spec)
         try:
             created = await asyncio.to_thread(self._jobs.create, job, spec)
         except StorageError as exc:
@@ -347,9 +347,9 @@ class JobsAPI:
         if upload := spec.workspace.upload_id:
             await self._uploads.check_named(caller, upload, 409, "job_id")
         self._check_size(caller, spec)
-        with self._reservations.ticket(caller.name) as ticket:
+        with self._reservations.ticket(caller.owner) as ticket:
             replay_id, headers = await self._admit(caller, ticket)
-            job = self._jobs.new_job(replay_id, caller.name, spec)
+            job = self._jobs.new_job(replay_id, caller.owner, spec)
             job.kind, job.replay_of = "replay", job_id
             try:
                 await asyncio.to_thread(self._jobs.create, job, spec)
@@ -382,7 +382,7 @@ class JobsAPI:
 
     async def listing(self, request: Request, after: str | None, limit: int) -> Response:
         caller = self.caller(request)
-        jobs, more = await self.storage(self._store.list_jobs, caller.name, after, limit)
+        jobs, more = await self.storage(self._store.list_jobs, caller.owner, after, limit)
         data = [job.public({}) for job in jobs]
         return json_response(
             {

@@ -169,7 +169,7 @@ class Uploads:
                 type_="server_error",
                 headers={"retry-after": "2", **headers},
             )
-        own = len(self._receiving.get(caller.name, ()))
+        own = len(self._receiving.get(caller.owner, ()))
         if own >= s.max_concurrent_uploads_per_key:
             raise OpenAIError(
                 429,
@@ -182,7 +182,7 @@ class Uploads:
             )
         # Counted as being received before the quota is looked at, so that parallel uploads
         # from one key each see the others.
-        receiving = self._receiving.setdefault(caller.name, [])
+        receiving = self._receiving.setdefault(caller.owner, [])
         receiving.append(expected)
         self._active += 1
         try:
@@ -198,12 +198,14 @@ class Uploads:
                 receiving.append(size)
                 expected = size
                 await self._check_quota(caller, headers)
-                await self._storage(self._store.put_upload_file, caller.name, upload_id, spool.name)
+                await self._storage(
+                    self._store.put_upload_file, caller.owner, upload_id, spool.name
+                )
         finally:
             self._active -= 1
             receiving.remove(expected)
             if not receiving:
-                self._receiving.pop(caller.name, None)
+                self._receiving.pop(caller.owner, None)
         answer = {
             "id": upload_id,
             "object": kind.object,
@@ -264,11 +266,13 @@ class Uploads:
         """429 when ``caller``'s live uploads (stored, plus those this replica is receiving,
         this one among them) are over its number or bytes; deletes the expired ones past
         their grace on the way."""
-        stored: list[tuple[str, int, float]] = await self._storage(self._store.uploads, caller.name)
+        stored: list[tuple[str, int, float]] = await self._storage(
+            self._store.uploads, caller.owner
+        )
         s = self._settings
         ttl = s.upload_ttl_seconds
         live = [size for _, size, age in stored if age < ttl]
-        receiving = self._receiving.get(caller.name, [])
+        receiving = self._receiving.get(caller.owner, [])
         count = len(live) + len(receiving)
         total = sum(live) + sum(receiving)
         if count > s.max_uploads_per_key:
@@ -286,14 +290,14 @@ class Uploads:
         for name, _, age in stored:
             if age >= ttl + self.grace_seconds():
                 with contextlib.suppress(StorageError):
-                    await asyncio.to_thread(self._store.delete_upload, caller.name, name)
+                    await asyncio.to_thread(self._store.delete_upload, caller.owner, name)
 
     # -- naming, deleting -------------------------------------------------------------------
 
     async def check_named(self, caller: Caller, upload_id: str, status: int, param: str) -> None:
         """Refuse (``status``) an upload a job names that this key does not have, or that
         expired."""
-        age: float | None = await self._storage(self._store.upload_age, caller.name, upload_id)
+        age: float | None = await self._storage(self._store.upload_age, caller.owner, upload_id)
         if age is None:
             raise OpenAIError(
                 status,
@@ -315,7 +319,7 @@ class Uploads:
         """Delete one of ``caller``'s uploads (freeing its quota); 404 when it has none by
         that id. A job already accepted that names it fails when it starts."""
         if not _UPLOAD_ID.fullmatch(upload_id) or (
-            await self._storage(self._store.upload_age, caller.name, upload_id) is None
+            await self._storage(self._store.upload_age, caller.owner, upload_id) is None
         ):
             raise OpenAIError(
                 404,
@@ -323,7 +327,7 @@ class Uploads:
                 param="upload_id",
                 code="upload_not_found",
             )
-        await self._storage(self._store.delete_upload, caller.name, upload_id)
+        await self._storage(self._store.delete_upload, caller.owner, upload_id)
         return {"id": upload_id, "object": "workspace.upload", "deleted": True}
 
 
