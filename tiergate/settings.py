@@ -169,6 +169,13 @@ class GatewaySettings(_Section):
     max_connections: int | None = Field(None, ge=1)
     # An idle keep-alive connection (between requests) is closed after this long.
     keep_alive_seconds: float = Field(5.0, gt=0)
+    # A request's headers (the first on a connection, or the next on a kept-alive one,
+    # counted from the previous response) must be complete within this long, else the
+    # connection is closed: a client that sends nothing, or its headers byte by byte,
+    # would hold a connection open for good (uvicorn has no such timeout). 10 s is ample
+    # for any real client one LAN or Ingress hop away, whose headers leave in one send;
+    # nginx's client_header_timeout is 60 s, for clients across the internet.
+    header_read_timeout_seconds: float = Field(10.0, gt=0)
     # A request's whole body must arrive within this long after its headers, else 408.
     body_read_timeout_seconds: float = Field(30.0, gt=0)
 

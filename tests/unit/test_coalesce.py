@@ -164,7 +164,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @contextmanager
 def _server(log: list[bytes]) -> Iterator[str]:
     options = uvicorn_options(load_settings().gateway)
-    assert options["http"] is CoalescingHttpToolsProtocol
+    assert options["http"].func is CoalescingHttpToolsProtocol
     options["http"] = _counting_protocol(log)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, **options))

@@ -22,9 +22,12 @@ def test_defaults_keep_todays_behaviour() -> None:
     # /metrics names keys and engines: on a port of its own by default, not the serving one.
     assert gateway.metrics_port == 9300 and gateway.metrics_host is None
     assert not gateway.metrics_on_serving_port
-    assert uvicorn_options(gateway) == {
+    options = uvicorn_options(gateway)
+    protocol = options.pop("http")
+    assert protocol.func is CoalescingHttpToolsProtocol
+    assert protocol.keywords == {"header_read_timeout": 10.0} and not protocol.args
+    assert options == {
         "loop": "uvloop",
-        "http": CoalescingHttpToolsProtocol,
         "timeout_graceful_shutdown": 30.0,
         "limit_concurrency": None,
         "timeout_keep_alive": 5.0,
@@ -38,12 +41,18 @@ def test_defaults_keep_todays_behaviour() -> None:
 
 def test_connection_settings_reach_uvicorn_config() -> None:
     gateway = load_settings(
-        gateway={"max_connections": 200, "keep_alive_seconds": 2.5, "shutdown_grace_seconds": 110}
+        gateway={
+            "max_connections": 200,
+            "keep_alive_seconds": 2.5,
+            "shutdown_grace_seconds": 110,
+            "header_read_timeout_seconds": 4.5,
+        }
     ).gateway
     config = uvicorn.Config("tiergate.gateway.app:create_app", **uvicorn_options(gateway))
     assert config.limit_concurrency == 200
     assert config.timeout_keep_alive == 2.5
     assert config.timeout_graceful_shutdown == 110
+    assert config.http.keywords == {"header_read_timeout": 4.5}
 
 
 async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
@@ -58,7 +67,8 @@ def test_event_loop_and_parser_are_uvloop_and_httptools() -> None:
 
     config = uvicorn.Config(_noop_app, **uvicorn_options(load_settings().gateway))
     config.load()
-    assert issubclass(config.http_protocol_class, HttpToolsProtocol)
+    # A partial of the class (it carries the header read timeout), called as the class.
+    assert issubclass(config.http_protocol_class.func, HttpToolsProtocol)
     factory = config.get_loop_factory()
     assert factory is not None
     loop = factory()
@@ -104,6 +114,7 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import os
+    import pickle
 
     seen: dict[str, Any] = {}
 
@@ -120,7 +131,11 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
     assert result.exit_code == 0, result.output
     assert seen["app"] == "tiergate.gateway.workers:worker_app" and seen["factory"] is True
     assert (seen["workers"], seen["port"]) == (2, 9125)
-    assert seen["loop"] == "uvloop" and seen["http"] is CoalescingHttpToolsProtocol
+    assert seen["loop"] == "uvloop" and seen["http"].func is CoalescingHttpToolsProtocol
+    # The spawned workers get the options pickled: the protocol and its timeout survive.
+    revived = pickle.loads(pickle.dumps(seen["http"]))
+    assert revived.func is CoalescingHttpToolsProtocol
+    assert revived.keywords == {"header_read_timeout": 10.0}
     # A folder of its own for the metrics files, removed when the server stops.
     assert seen["folder_existed"] and not os.path.exists(seen["folder"])
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == seen["folder"]  # for the workers
@@ -136,6 +151,7 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
         ({"max_connections": 0}, "max_connections"),
         ({"body_read_timeout_seconds": 0}, "body_read_timeout_seconds"),
         ({"keep_alive_seconds": 0}, "keep_alive_seconds"),
+        ({"header_read_timeout_seconds": 0}, "header_read_timeout_seconds"),
         ({"shutdown_grace_seconds": -1}, "shutdown_grace_seconds"),
     ],
 )

@@ -12,6 +12,16 @@ Nothing waits longer than the pass that wrote it, nor past ``FLUSH_AT_BYTES`` he
 order is kept: every write, close and abort of the connection goes through the same
 buffer. A failing send (the peer gone) is the transport's to report, as before, to the
 protocol's ``connection_lost``.
+
+The protocol also bounds the time a request's headers take to arrive
+(``gateway.header_read_timeout_seconds``), which uvicorn does not: its keep-alive timer is
+armed only after a response and cancelled by any byte received, so a connection that
+sends nothing, or its headers byte by byte, was held open until the client closed it. One
+timer per request: armed when the connection is made and when a response completes with
+no request queued behind it, disarmed when a request's headers are complete, cancelled
+when the connection is lost. Firing, it closes the connection, with no answer (as nginx
+does on its ``client_header_timeout``): no response is in progress then, and a client
+that is half way through a request's head has nothing to read one from.
 """
 
 from __future__ import annotations
@@ -19,12 +29,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 # Held bytes past which a write goes out at once: uvicorn checks the transport's flow
 # control (paused above its high-water mark, 64 KiB) before each write, and a producer
 # that writes a lot in one pass must meet it as before, not pile its writes up here.
 FLUSH_AT_BYTES = 64 * 1024
+# gateway.header_read_timeout_seconds's default, for the protocol built without one.
+HEADER_READ_TIMEOUT_SECONDS = 10.0
 
 
 class CoalescingTransport:
@@ -80,8 +94,55 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a :class:`CoalescingTransport`."""
+    """uvicorn's httptools protocol over a :class:`CoalescingTransport`, each request's
+    headers due within ``header_read_timeout`` seconds."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        header_read_timeout: float = HEADER_READ_TIMEOUT_SECONDS,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.header_read_timeout = header_read_timeout
+        self._header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         coalescing = CoalescingTransport(transport, self.loop)  # type: ignore[arg-type]
         super().connection_made(coalescing)  # type: ignore[arg-type]
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # A request queued behind this one (pipelined) has its headers already and starts
+        # now: then no timer until its own response.
+        idle = not self.pipeline
+        super().on_response_complete()
+        if idle and not self.transport.is_closing():
+            self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(
+            self.header_read_timeout, self._header_read_timed_out
+        )
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_read_timed_out(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()

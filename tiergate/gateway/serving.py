@@ -1,6 +1,6 @@
 """How the gateway is served: uvicorn's options from the settings, and the body deadline.
 
-What bounds a slow or idle client, and what does not:
+What bounds a slow or idle client:
 
 - A request body (``gateway.body_read_timeout_seconds``): the whole body must arrive
   within the timeout after the request's headers, else 408 (:class:`BodyReadDeadline`).
@@ -8,17 +8,20 @@ What bounds a slow or idle client, and what does not:
   new request starts within the timeout after the previous response.
 - How many at once (``gateway.max_connections``, uvicorn's ``limit_concurrency``): past it,
   a request whose headers have arrived is answered 503 and its connection closed.
-- Not covered here: request headers. uvicorn (h11 or httptools) has no header read
-  timeout, and arms its keep-alive timer only after a response, so a fresh connection
-  that sends nothing, or its headers byte by byte, is held open until the client closes
-  it. Such connections count against ``max_connections``; bounding them in time is left
-  to the proxy in front (an Ingress controller's client header timeout, e.g. nginx's
-  ``client_header_timeout``).
+- Request headers (``gateway.header_read_timeout_seconds``): a request's headers must be
+  complete within the timeout after the connection is made, or, for the next request on
+  a kept-alive connection, after the previous response; else the connection is closed,
+  with no answer. uvicorn has no such timeout (its keep-alive timer is cancelled by any
+  byte received, so a connection that sends nothing, or its headers byte by byte, was
+  held open for good); the gateway's protocol keeps one timer per request for it
+  (:class:`~tiergate.gateway.coalesce.CoalescingHttpToolsProtocol`). A proxy in front
+  may bound headers too (nginx's ``client_header_timeout``); this one holds without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,8 +39,10 @@ def uvicorn_options(gateway: GatewaySettings) -> dict[str, Any]:
     falls back to asyncio and h11, several times slower per request, when uvloop or
     httptools is missing): both are dependencies of the gateway, and a missing one fails
     at start instead of silently costing throughput. The protocol is uvicorn's httptools
-    one over a transport that sends a response's head and body in one write
-    (:mod:`tiergate.gateway.coalesce`).
+    one over a transport that sends a response's head and body in one write, with the
+    header read timeout (:mod:`tiergate.gateway.coalesce`); a ``functools.partial`` of
+    the class, which uvicorn calls as it would the class, and which pickles (``--workers``
+    sends the options to spawned processes).
 
     uvicorn's proxy-headers middleware is off: it rewrites the client address from
     ``X-Forwarded-For`` on every request (about 2% of a proxied request's CPU), and the
@@ -45,7 +50,9 @@ def uvicorn_options(gateway: GatewaySettings) -> dict[str, Any]:
     sent."""
     return {
         "loop": "uvloop",
-        "http": CoalescingHttpToolsProtocol,
+        "http": functools.partial(
+            CoalescingHttpToolsProtocol, header_read_timeout=gateway.header_read_timeout_seconds
+        ),
         "timeout_graceful_shutdown": gateway.shutdown_grace_seconds,
         "limit_concurrency": gateway.max_connections,
         "timeout_keep_alive": gateway.keep_alive_seconds,
