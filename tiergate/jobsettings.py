@@ -214,6 +214,16 @@ class JobsSettings(_Section):
     # and the threads their storage polls run on (their own, not the creates').
     max_streams_per_key: int = Field(16, ge=1)
     stream_threads: int = Field(8, ge=1, le=256)
+    # What one owner's reads of its jobs and batches (GET, list, the event streams' polls,
+    # a batch's rollouts export) may cost a minute, in read units: one per call to object
+    # storage and one per 8 KiB read, what parsing it costs the gateway
+    # (tiergate/gateway/readcost.py). A job's GET is about 3, a list of 100 about 300, one
+    # read of a 20,000-rollout batch (7 MB) about 900: 30,000 (500 a second) polls a
+    # thousand jobs every 6 s, or reads such a batch every 2 s at most (about 15% of a
+    # core). Past it a GET is a 429 and a stream waits. Counted in Redis with
+    # limits.redis_url (every replica together), else per replica; a key's
+    # limits.read_units_per_minute overrides it.
+    read_units_per_minute: int = Field(30_000, ge=1)
     # The most of the fleet's running jobs one key may hold while another key's jobs wait
     # (1: no share; a key alone uses the whole fleet either way), how long a job over it
     # waits before its message comes back, and how often a worker lists who runs and who

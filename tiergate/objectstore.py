@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +97,23 @@ def _as_storage_error() -> Iterator[None]:
         raise StorageError(str(exc)) from exc
 
 
+@dataclass
+class Meter:
+    """What the store calls made in one thread cost while it was metered: the calls (each
+    a request to the store: a GET, a page of a LIST, a HEAD, ...) and the bytes read."""
+
+    calls: int = 0
+    read_bytes: int = 0
+
+
 class ObjectStore:
     """One bucket, through one boto3 client made from the storage settings. Keys are
     whole keys: each owner puts :attr:`prefix` before its own layout."""
 
     def __init__(self, settings: StorageSettings) -> None:
         self._settings = settings
+        # The meter of the :meth:`metered` call running in each thread, if any.
+        self._metering = threading.local()
         self.bucket = settings.bucket
         self.prefix = settings.prefix
         self._s3 = boto3.client(
@@ -115,8 +127,29 @@ class ObjectStore:
             ),
         )
 
+    def metered(self, fn: Callable[..., _T], *args: Any) -> tuple[_T, Meter]:
+        """``fn(*args)``, run here, and what its calls to this store cost (for a caller's
+        read budget, tiergate.gateway.readcost). A failing ``fn`` raises as it would."""
+        outer = getattr(self._metering, "meter", None)
+        meter = Meter()
+        self._metering.meter = meter
+        try:
+            return fn(*args), meter
+        finally:
+            self._metering.meter = outer
+            if outer is not None:
+                outer.calls += meter.calls
+                outer.read_bytes += meter.read_bytes
+
+    def _count(self, *, calls: int = 0, read_bytes: int = 0) -> None:
+        meter: Meter | None = getattr(self._metering, "meter", None)
+        if meter is not None:
+            meter.calls += calls
+            meter.read_bytes += read_bytes
+
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         """Run one S3 call; a vanished bucket is created again and the call retried once."""
+        self._count(calls=1)
         for attempt in (1, 2):
             try:
                 return fn()
@@ -165,7 +198,11 @@ class ObjectStore:
 
         def get() -> bytes | None:
             got = self._get_object(key)
-            return None if got is None else bytes(got["Body"].read())
+            if got is None:
+                return None
+            body = bytes(got["Body"].read())
+            self._count(read_bytes=len(body))
+            return body
 
         return self._call("read", get)
 
@@ -174,7 +211,11 @@ class ObjectStore:
 
         def get() -> tuple[bytes, str] | None:
             got = self._get_object(key)
-            return None if got is None else (bytes(got["Body"].read()), str(got["ETag"]))
+            if got is None:
+                return None
+            body = bytes(got["Body"].read())
+            self._count(read_bytes=len(body))
+            return body, str(got["ETag"])
 
         return self._call("read", get)
 

@@ -194,6 +194,9 @@ class KeyLimits(_Section):
     max_concurrent: int | None = Field(None, ge=1)
     # Unfinished agent jobs at once; None: jobs.max_outstanding_jobs.
     max_outstanding_jobs: int | None = Field(None, ge=1)
+    # Read units a minute for the key's owner's jobs and batches; None:
+    # jobs.read_units_per_minute.
+    read_units_per_minute: int | None = Field(None, ge=1)
 
 
 class ApiKey(_Section):

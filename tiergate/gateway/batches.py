@@ -184,7 +184,9 @@ class BatchesAPI:
 
     async def _owned(self, request: Request, batch_id: str) -> Batch:
         caller = self._jobs.caller(request)
-        batch: Batch | None = await self._jobs.storage(self._batches.state, caller.owner, batch_id)
+        batch: Batch | None = await self._jobs.read(
+            caller, self._batches.state, caller.owner, batch_id
+        )
         if batch is None:
             raise OpenAIError(
                 404, f"No batch with id {batch_id!r}.", param="batch_id", code="batch_not_found"
@@ -205,21 +207,27 @@ class BatchesAPI:
 
     async def events(self, request: Request, batch_id: str) -> Response:
         """Server-Sent Events: each rollout as it finishes, then the batch's end."""
-        batch = await self._owned(request, batch_id)
         caller = self._jobs.caller(request)
+        batch = await self._owned(request, batch_id)
         return await self._jobs.streams.open_batch(
             caller, lambda: self._batches.state(batch.owner, batch.id)
         )
 
     async def rollouts(self, request: Request, batch_id: str) -> Response:
         """The finished rollouts as JSON lines (see tiergate.queue.batches.export)."""
+        caller = self._jobs.caller(request)
         batch = await self._owned(request, batch_id)
-        spec = await self._jobs.storage(self._batches.request, batch.owner, batch.id)
+        spec = await self._jobs.read(caller, self._batches.request, batch.owner, batch.id)
         done = [r for r in batch.rollouts if r.status in ("completed", "incomplete")]
+        reads = self._jobs.reads
 
         async def lines() -> AsyncIterator[bytes]:
+            # Each record is a read of its own, paid for as the export goes: past the
+            # owner's budget the export slows down rather than failing halfway.
             for rollout in done:
-                record = await asyncio.to_thread(rollout_record, self._store, spec, rollout)
+                record = await reads.read_when_allowed(
+                    caller, asyncio.to_thread, rollout_record, self._store, spec, rollout
+                )
                 yield orjson.dumps(record) + b"\n"
 
         return StreamingResponse(lines(), media_type="application/jsonl")

@@ -9,6 +9,9 @@ a key's streams from slowing every other tenant:
   streams for no gain);
 - the polls back off while nothing happens: :data:`FIRST_POLL_SECONDS`, growing by
   :data:`BACKOFF` to :data:`MAX_POLL_SECONDS`, back to the first as soon as an event comes;
+- every read is charged to the owner's read budget (tiergate.gateway.readcost): the
+  first one, before the response starts, is a 429 past it, and the polls after it wait
+  for the budget instead, so a key's streams slow down together and never another key's;
 - they run on a bounded thread pool of their own (``jobs.stream_threads``, made in the
   app's lifespan), never the default executor that creates, reads and uploads use: a
   thousand streams queue behind each other, not in front of a submit.
@@ -27,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from tiergate.gateway.auth import Caller
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.readcost import ReadBudget
 from tiergate.protocol import TERMINAL_EVENTS, TERMINAL_STATUSES, Batch
 from tiergate.queue.store import JobStore, StorageError
 
@@ -67,9 +71,15 @@ class EventStreams:
     """Opens and feeds one gateway replica's event streams."""
 
     def __init__(
-        self, store: JobStore, pool: Executor, max_per_key: int, unavailable: Unavailable
+        self,
+        store: JobStore,
+        pool: Executor,
+        max_per_key: int,
+        unavailable: Unavailable,
+        reads: ReadBudget,
     ) -> None:
         self._store = store
+        self._reads = reads
         self._pool = pool
         self._max_per_key = max_per_key
         self._unavailable = unavailable
@@ -78,8 +88,12 @@ class EventStreams:
     def open_count(self, name: str) -> int:
         return self._open.get(name, 0)
 
-    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _poll(self, caller: Caller, fn: Callable[..., Any], *args: Any) -> Any:
+        """A stream's next read, once the owner's read budget allows it."""
+        return await self._reads.read_when_allowed(caller, self._in_pool, fn, *args)
 
     def _take(self, caller: Caller) -> Callable[[], None]:
         held = self._open.get(caller.owner, 0)
@@ -117,10 +131,10 @@ class EventStreams:
         stored (the caller checked it is the caller's). The same per-key cap and backoff
         as a job's stream."""
         release, first = await self._first(caller, read)
-        return _SlotResponse(self._batch_stream(read, first), release)
+        return _SlotResponse(self._batch_stream(caller, read, first), release)
 
     async def _batch_stream(
-        self, read: Callable[[], Batch | None], batch: Batch | None
+        self, caller: Caller, read: Callable[[], Batch | None], batch: Batch | None
     ) -> AsyncIterator[bytes]:
         sent: set[str] = set()
         delay = FIRST_POLL_SECONDS
@@ -146,7 +160,7 @@ class EventStreams:
             await asyncio.sleep(delay)
             idle += delay
             try:
-                batch = await self._read(read)
+                batch = await self._poll(caller, read)
             except StorageError as exc:
                 err = self._unavailable("store", exc)
                 yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
@@ -157,7 +171,7 @@ class EventStreams:
         """The stream of ``job_id``'s events after ``starting_after`` (the job is the
         caller's: the caller checked)."""
         release, first = await self._first(caller, self._store.events, job_id, starting_after)
-        return _SlotResponse(self._stream(job_id, starting_after, first), release)
+        return _SlotResponse(self._stream(caller, job_id, starting_after, first), release)
 
     async def _first(
         self, caller: Caller, fn: Callable[..., Any], *args: Any
@@ -167,7 +181,7 @@ class EventStreams:
         stream that breaks at once; the slot goes back if that fails."""
         release = self._take(caller)
         try:
-            return release, await self._read(fn, *args)
+            return release, await self._reads.read(caller, self._in_pool, fn, *args)
         except StorageError as exc:
             release()
             raise self._unavailable("store", exc) from exc
@@ -176,7 +190,7 @@ class EventStreams:
             raise
 
     async def _stream(
-        self, job_id: str, after: int, found: list[dict[str, Any]]
+        self, caller: Caller, job_id: str, after: int, found: list[dict[str, Any]]
     ) -> AsyncIterator[bytes]:
         idle = 0.0
         delay = FIRST_POLL_SECONDS
@@ -195,7 +209,7 @@ class EventStreams:
                 # A finished job whose terminal event never came (its worker died in
                 # between; the next delivery writes it) must not hold the stream open.
                 try:
-                    if await self._read(self._store.final, job_id) is not None:
+                    if await self._poll(caller, self._store.final, job_id) is not None:
                         yield b"data: [DONE]\n\n"
                         return
                 except StorageError:
@@ -203,7 +217,7 @@ class EventStreams:
             await asyncio.sleep(delay)
             idle += delay
             try:
-                found = await self._read(self._store.events, job_id, after)
+                found = await self._poll(caller, self._store.events, job_id, after)
             except StorageError as exc:
                 # Mid-stream the status line is gone: say so in the stream, and the client
                 # resumes with starting_after.

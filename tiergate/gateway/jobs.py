@@ -31,6 +31,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.eventstream import EventStreams
 from tiergate.gateway.gatekeeper import Gatekeeper
 from tiergate.gateway.policy import AskedTier, Needs, Reason
+from tiergate.gateway.readcost import ReadBudget
 from tiergate.gateway.reserve import Reservations, Ticket
 from tiergate.gateway.selection import parse_body, read_body
 from tiergate.gateway.uploads import Uploads
@@ -101,7 +102,10 @@ class JobsAPI:
         self._gatekeeper = gatekeeper
         self._served_models = served_models
         self._uploads = Uploads(settings, store, gatekeeper, self.storage)
-        self.streams = EventStreams(store, stream_pool, settings.max_streams_per_key, unavailable)
+        self.reads = ReadBudget(gatekeeper.limiter, store.objects, settings.read_units_per_minute)
+        self.streams = EventStreams(
+            store, stream_pool, settings.max_streams_per_key, unavailable, self.reads
+        )
 
     def close(self) -> None:
         """Stop the work requests started that may still run (upload checks)."""
@@ -113,12 +117,17 @@ class JobsAPI:
         except StorageError as exc:
             raise unavailable("store", exc) from exc
 
+    async def read(self, caller: Caller, fn: Any, *args: Any) -> Any:
+        """A read of the caller's own jobs or batches: charged to its owner's read budget
+        (tiergate.gateway.readcost; a 429 when spent)."""
+        return await self.reads.read(caller, self.storage, fn, *args)
+
     def caller(self, request: Request) -> Caller:
         return self._gatekeeper.authenticate(request.headers.get("authorization"))
 
     async def _owned(self, request: Request, job_id: str) -> Job:
         caller = self.caller(request)
-        job: Job | None = await self.storage(self._store.get, job_id)
+        job: Job | None = await self.read(caller, self._store.get, job_id)
         if job is None or job.owner != caller.owner:
             # Another key's job does not exist, as far as this key can tell.
             raise OpenAIError(
@@ -382,7 +391,7 @@ class JobsAPI:
 
     async def listing(self, request: Request, after: str | None, limit: int) -> Response:
         caller = self.caller(request)
-        jobs, more = await self.storage(self._store.list_jobs, caller.owner, after, limit)
+        jobs, more = await self.read(caller, self._store.list_jobs, caller.owner, after, limit)
         data = [job.public({}) for job in jobs]
         return json_response(
             {

@@ -1,0 +1,146 @@
+"""Reads have a cost limit per owner (issue 33 item 3): a key that polls its jobs as hard
+as it can is held to ``jobs.read_units_per_minute``, charged what each read really cost
+in object-store calls and bytes (tiergate/gateway/readcost.py), and another key's reads
+go on untouched. Through a real gateway, Kafka and S3."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.tenants import tenants
+from tests.jobstack import jobs_stack
+from tests.waiting import eventually
+from tiergate.gateway.readcost import UNIT_BYTES, units
+from tiergate.objectstore import ObjectStore
+from tiergate.settings import StorageSettings
+
+JOB: dict[str, Any] = {
+    "model": MODEL,
+    "instruction": "Nothing.",
+    "workspace": {"files": {"a.txt": "a\n"}},
+    "verifier": {"command": "true"},
+    "limits": {"max_steps": 1, "timeout_seconds": 30},
+}
+
+
+def test_a_metered_call_counts_its_store_calls_and_bytes(s3: str) -> None:
+    store = ObjectStore(StorageSettings(endpoint_url=s3, bucket="meter-test"))
+    store.ensure_bucket()
+    for i in range(3):
+        store.put(f"obj{i}", b"x" * (100 * 1024))
+
+    def read_all() -> list[bytes | None]:
+        return [store.get(k) for k in store.keys("obj")]
+
+    got, meter = store.metered(read_all)
+    assert len(got) == 3 and all(b is not None and len(b) == 100 * 1024 for b in got)
+    assert (meter.calls, meter.read_bytes) == (4, 300 * 1024)  # one LIST, three GETs
+    assert units(meter) == 4 + -(-300 * 1024 // UNIT_BYTES)
+    # Nothing is counted outside a metered call, nor in another thread's.
+    _, other = store.metered(lambda: None)
+    worker = threading.Thread(target=lambda: store.get("obj0"))
+    worker.start()
+    worker.join()
+    assert (other.calls, other.read_bytes) == (0, 0)
+
+
+def test_one_keys_polling_is_held_to_its_read_budget_and_another_keys_reads_go_on(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    keys = tenants("mallory", "alice")
+    mallory, alice = keys.headers("mallory"), keys.headers("alice")
+    # 600 units a minute: 10 a second, a bucket of 600.
+    with jobs_stack(
+        broker, s3, model, tmp_path, auth=keys.auth, jobs={"read_units_per_minute": 600}
+    ) as stack:  # no worker: the jobs stay queued
+        url = f"{stack.base}/v1/jobs"
+        for headers in (mallory, mallory, mallory, alice):
+            created = httpx.post(url, json=JOB, headers=headers)
+            assert created.status_code == 200, created.text
+        ours = created.json()["id"]
+
+        # Each list reads an index LIST and two objects a queued job (its status, and the
+        # terminal record it looks for): 7 units, so the bucket of 600 lasts about 85.
+        refused: httpx.Response | None = None
+        for n in range(400):  # noqa: B007 (n is read after the loop)
+            resp = httpx.get(url, headers=mallory)
+            if resp.status_code == 429:
+                refused = resp
+                break
+            assert resp.status_code == 200, resp.text
+            assert len(resp.json()["data"]) == 3
+        assert refused is not None, "400 lists of 3 jobs, none refused"
+        assert 60 <= n <= 120, f"refused after {n} lists"
+        error = refused.json()["error"]
+        assert (error["code"], error["type"]) == ("read_rate_limited", "rate_limit_error")
+        assert "jobs.read_units_per_minute" in error["message"]
+        assert int(refused.headers["retry-after"]) >= 1
+        # The other key's reads are not touched.
+        assert httpx.get(f"{url}/{ours}", headers=alice).status_code == 200
+        assert httpx.get(url, headers=alice).status_code == 200
+        # The bucket refills at 10 units a second: a list (7) is allowed again soon.
+        started = time.monotonic()
+        eventually(
+            lambda: httpx.get(url, headers=mallory).status_code == 200,
+            10,
+            0.5,
+            what="the key's reads allowed again",
+        )
+        assert time.monotonic() - started < 8
+
+
+def test_an_event_stream_over_the_budget_waits_instead_of_failing(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Opening a stream past the budget is a 429; a stream already open only slows down,
+    and still ends with the job's terminal event."""
+    keys = tenants("mallory")
+    mallory = keys.headers("mallory")
+    with jobs_stack(
+        broker, s3, model, tmp_path, auth=keys.auth, jobs={"read_units_per_minute": 120}
+    ) as stack:
+        url = f"{stack.base}/v1/jobs"
+        created = httpx.post(url, json=JOB, headers=mallory)
+        assert created.status_code == 200, created.text
+        job_id = created.json()["id"]
+        with httpx.stream("GET", f"{url}/{job_id}/events", headers=mallory, timeout=60) as stream:
+            assert stream.status_code == 200
+            # Spend the bucket with GETs while the stream is open.
+            eventually(
+                lambda: httpx.get(f"{url}/{job_id}", headers=mallory).status_code == 429,
+                30,
+                0.01,
+                what="the budget spent",
+            )
+            refused = httpx.get(f"{url}/{job_id}/events", headers=mallory)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "read_rate_limited"
+            cancelled: list[int] = []
+
+            def cancel() -> None:
+                resp = eventually(
+                    lambda: (
+                        r
+                        if (r := httpx.post(f"{url}/{job_id}/cancel", headers=mallory)).status_code
+                        != 429
+                        else None
+                    ),
+                    30,
+                    0.5,
+                    what="the cancel accepted",
+                )
+                cancelled.append(resp.status_code)
+
+            canceller = threading.Thread(target=cancel)
+            canceller.start()
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+            canceller.join()
+        assert cancelled == [200]
+        assert lines[-1] == "data: [DONE]"
+        assert '"job.cancelled"' in lines[-2], lines[-2]
