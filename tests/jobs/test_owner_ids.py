@@ -9,15 +9,14 @@ mounts it), Kafka and S3."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.archives import tar_of
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
 from tiergate.gateway.auth import new_key
@@ -34,13 +33,7 @@ def _write_keys(path: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def _workspace() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        data = b"the old tenant's secret\n"
-        info = tarfile.TarInfo("secret.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return tar_of({"secret.txt": b"the old tenant's secret\n"}, "w:gz")
 
 
 def _job(upload_id: str) -> dict[str, Any]:
