@@ -47,11 +47,12 @@ MiB = 1024 * 1024
 
 def _keys(*names: str, **limits: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Auth settings with one key per name (``limits``: a key's limits by name), and the
-    headers of each."""
+    headers of each. Each key's owner is set to its name, so the store's records are
+    looked up by name here (keys' default owners are tested in test_owner_ids.py)."""
     keys, headers = [], {}
     for name in names:
         key, digest = new_key()
-        keys.append({"name": name, "hash": digest, "limits": limits.get(name, {})})
+        keys.append({"name": name, "hash": digest, "owner": name, "limits": limits.get(name, {})})
         headers[name] = {"authorization": f"Bearer {key}"}
     return {"enabled": True, "keys": keys}, headers
 

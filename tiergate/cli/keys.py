@@ -38,13 +38,13 @@ def keys_create(
     )
     typer.echo(key)
     typer.echo(
+        f"# Its jobs and uploads belong to {entry.owner_id} (give a replacement key "
+        f'"owner": "{entry.owner_id}" to keep them).',
+        err=True,
+    )
+    typer.echo(
         "# Give the key above to its user; it is not stored anywhere. Configuration "
         "(auth.keys entry, YAML):",
         err=True,
     )
     typer.echo("- " + json.dumps(entry.model_dump(mode="json", exclude_none=True)), err=True)
-    typer.echo(
-        f"# Its jobs and uploads belong to {entry.owner_id} (give a replacement key "
-        f'"owner": "{entry.owner_id}" to keep them).',
-        err=True,
-    )
