@@ -80,13 +80,17 @@ def memory_capped(proc: subprocess.Popen[bytes], jobs: JobsSettings, mb: int) ->
         path.rmdir()
 
 
-def start_worker(jobs: JobsSettings, log: Path) -> subprocess.Popen[bytes]:
-    """``tiergate worker`` as uid 65534, configured by ``TIERGATE_JOBS``."""
+def start_worker(
+    jobs: JobsSettings, log: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``tiergate worker`` as uid 65534, configured by ``TIERGATE_JOBS``, with the storage
+    keys of this process's environment and ``extra_env`` in its own."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": jobs.sandbox.work_dir,
         "TIERGATE_JOBS": jobs.model_dump_json(),
         **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+        **(extra_env or {}),
     }
     with log.open("ab") as out:
         return subprocess.Popen(
