@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import boto3
 from boto3.exceptions import Boto3Error, S3UploadFailedError
@@ -225,12 +225,20 @@ class ObjectStore:
             "write", lambda: self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
         )
 
-    def put_once(self, key: str, body: bytes, *, content_type: str | None = None) -> bool:
-        """Write ``key`` only if it does not exist (``If-None-Match: *``); False when it did."""
+    def put_once(
+        self, key: str, body: bytes | IO[bytes], *, content_type: str | None = None
+    ) -> bool:
+        """Write ``key`` only if it does not exist (``If-None-Match: *``); False when it did.
+        ``body``: bytes, or a seekable file sent from its start a part at a time."""
         return self.put_if(key, body, None, content_type=content_type)
 
     def put_if(
-        self, key: str, body: bytes, etag: str | None, *, content_type: str | None = None
+        self,
+        key: str,
+        body: bytes | IO[bytes],
+        etag: str | None,
+        *,
+        content_type: str | None = None,
     ) -> bool:
         """Write ``key`` only if it still has ``etag`` (``If-Match``; None: only if it does
         not exist); False when another writer changed (or, with an ETag, removed) it."""
@@ -238,6 +246,8 @@ class ObjectStore:
         extra = _typed(content_type)
 
         def put() -> bool:
+            if not isinstance(body, bytes):
+                body.seek(0)  # again from its start when the call is tried again
             try:
                 self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, **condition, **extra)
             except ClientError as exc:

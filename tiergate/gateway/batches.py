@@ -23,7 +23,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs import JobsAPI, _invalid, json_response
 from tiergate.gateway.reserve import Reservations, Ticket
 from tiergate.gateway.selection import parse_body, read_body
-from tiergate.gateway.taskfile import read_tasks
+from tiergate.gateway.taskfile import TaskSummary, write_request
 from tiergate.gateway.uploads import BATCH_TASKS
 from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
 from tiergate.queue.batches.export import rollout_record
@@ -55,42 +55,66 @@ class BatchesAPI:
     async def _create(self, caller: Caller, body: Any, ticket: Ticket) -> Response:
         try:
             spec = BatchCreate.model_validate(body)
-            headers: dict[str, str] | None = None
-            if spec.tasks_upload_id:
-                # Counted and capped before the file (up to jobs.max_batch_tasks_bytes) is
-                # read and parsed: many parallel creates naming it must not each cost that.
-                headers = await self._admit(caller, ticket)
-                tasks = await self._uploaded_tasks(caller, spec.tasks_upload_id)
-                spec = BatchCreate.model_validate(
-                    {
-                        **spec.model_dump(exclude={"tasks", "tasks_upload_id"}),
-                        "tasks": [task.model_dump() for task in tasks],
-                    }
-                )
         except ValidationError as exc:
             raise _invalid(exc) from None
-        for index, task in enumerate(spec.tasks):
-            if len(task.metadata) > MAX_TASK_METADATA:
-                raise OpenAIError(
-                    400,
-                    f"tasks.{index}.metadata: a batch's task has at most {MAX_TASK_METADATA} "
-                    "keys (its job gets four more: batch_id, batch_domain, batch_task_id, "
-                    "batch_sample).",
-                    param=f"tasks.{index}.metadata",
-                )
-            try:
-                self._jobs.check_spec(caller, task.job_spec())
-            except OpenAIError as err:
-                err.message = f"tasks.{index}: {err.message}"
-                raise
-        unknown = set(spec.domain_weights) - {t.domain for t in spec.tasks}
+        headers: dict[str, str] | None = None
+        with tempfile.TemporaryDirectory(prefix="tiergate-batch-") as scratch:
+            request: bytes | Path
+            if spec.tasks_upload_id:
+                # Counted and capped before the file (up to jobs.max_batch_tasks_bytes) is
+                # read: many parallel creates naming it must not each cost that.
+                headers = await self._admit(caller, ticket)
+                request = Path(scratch) / "request.json"
+                summary = await self._uploaded_tasks(caller, spec, request)
+            else:
+                summary = TaskSummary()
+                for index, task in enumerate(spec.tasks):
+                    self._check_task(caller, index, task)
+                    summary.add(index, task)
+                request = spec.model_dump_json().encode()
+            self._check_summary(spec, summary)
+            await self._check_uploads(caller, summary)
+            if headers is None:
+                headers = await self._admit(caller, ticket)
+            now = int(time.time())
+            batch = Batch(
+                id=f"batch_{uuid.uuid4().hex}",
+                owner=caller.owner,
+                created_at=now,
+                samples_per_task=spec.samples_per_task,
+                rounds=spec.rounds,
+                metadata=spec.metadata,
+            )
+            cap = self._jobs.outstanding_cap(caller)
+            await self._jobs.storage(self._batches.create, batch, request, cap)
+        return json_response(batch.public(), headers=headers)
+
+    def _check_task(self, caller: Caller, index: int, task: BatchTask) -> None:
+        """400 for a task the caller could not submit as a job (or with too much metadata),
+        naming it by its index."""
+        if len(task.metadata) > MAX_TASK_METADATA:
+            raise OpenAIError(
+                400,
+                f"tasks.{index}.metadata: a batch's task has at most {MAX_TASK_METADATA} "
+                "keys (its job gets four more: batch_id, batch_domain, batch_task_id, "
+                "batch_sample).",
+                param=f"tasks.{index}.metadata",
+            )
+        try:
+            self._jobs.check_spec(caller, task.job_spec())
+        except OpenAIError as err:
+            err.message = f"tasks.{index}: {err.message}"
+            raise
+
+    def _check_summary(self, spec: BatchCreate, summary: TaskSummary) -> None:
+        unknown = set(spec.domain_weights) - summary.domains
         if unknown:
             raise OpenAIError(
                 400,
                 f"domain_weights names domains with no task: {sorted(unknown)}.",
                 param="domain_weights",
             )
-        most, cap = spec.most_rollouts(), self._settings.max_batch_rollouts
+        most, cap = spec.most_rollouts(summary.count), self._settings.max_batch_rollouts
         if most > cap:
             raise OpenAIError(
                 400,
@@ -100,21 +124,6 @@ class BatchesAPI:
                 param="budget.max_jobs",
                 code="batch_too_large",
             )
-        await self._check_uploads(caller, spec)
-        if headers is None:
-            headers = await self._admit(caller, ticket)
-        now = int(time.time())
-        batch = Batch(
-            id=f"batch_{uuid.uuid4().hex}",
-            owner=caller.owner,
-            created_at=now,
-            samples_per_task=spec.samples_per_task,
-            rounds=spec.rounds,
-            metadata=spec.metadata,
-        )
-        cap = self._jobs.outstanding_cap(caller)
-        await self._jobs.storage(self._batches.create, batch, spec, cap)
-        return json_response(batch.public(), headers=headers)
 
     async def _admit(self, caller: Caller, ticket: Ticket) -> dict[str, str]:
         """Count the create against the key's requests per minute (429 when over) and its
@@ -141,35 +150,39 @@ class BatchesAPI:
         answer, headers = await self._jobs.uploads.receive(caller, request, BATCH_TASKS)
         return json_response(answer, headers=headers)
 
-    async def _uploaded_tasks(self, caller: Caller, upload_id: str) -> list[BatchTask]:
+    async def _uploaded_tasks(self, caller: Caller, spec: BatchCreate, out: Path) -> TaskSummary:
+        """The batch's request, with the tasks of its upload, written to ``out`` a task at a
+        time as each is read and checked (tiergate.gateway.taskfile.write_request): the
+        gateway never holds them whole."""
+        upload_id = spec.tasks_upload_id
+        assert upload_id is not None
         await self._jobs.check_upload(caller, upload_id, "tasks_upload_id")
+        header = spec.model_dump_json(exclude={"tasks", "tasks_upload_id"}).encode()
 
-        def read() -> list[BatchTask] | None:
-            with tempfile.TemporaryDirectory(prefix="tiergate-tasks-") as scratch:
-                path = Path(scratch) / "tasks.jsonl"
-                if not self._store.read_upload_to(caller.owner, upload_id, path):
-                    return None
-                with path.open("rb") as file:
-                    return read_tasks(file)
+        def write() -> TaskSummary | None:
+            tasks = out.with_name("tasks.jsonl")
+            if not self._store.read_upload_to(caller.owner, upload_id, tasks):
+                return None
+            with tasks.open("rb") as file, out.open("wb") as request:
+                return write_request(
+                    file, header, request, lambda i, task: self._check_task(caller, i, task)
+                )
 
-        tasks: list[BatchTask] | None = await self._jobs.storage(read)
-        if tasks is None:  # deleted since it was looked at
+        summary: TaskSummary | None = await self._jobs.storage(write)
+        if summary is None:  # deleted since it was looked at
             raise OpenAIError(
                 400,
                 f"No tasks upload {upload_id!r} for this key (POST /v1/jobs/batches/tasks).",
                 param="tasks_upload_id",
                 code="upload_not_found",
             )
-        return tasks
+        return summary
 
-    async def _check_uploads(self, caller: Caller, spec: BatchCreate) -> None:
+    async def _check_uploads(self, caller: Caller, summary: TaskSummary) -> None:
         """Every workspace upload the tasks name is the caller's and live, as a job's is
         checked at submit. A key holds at most jobs.max_uploads_per_key of them, so more
         distinct names than that are refused before any is looked up."""
-        named: dict[str, int] = {}
-        for index, task in enumerate(spec.tasks):
-            if task.workspace.upload_id:
-                named.setdefault(task.workspace.upload_id, index)
+        named = summary.uploads
         most = self._settings.max_uploads_per_key
         if len(named) > most:
             raise OpenAIError(

@@ -55,11 +55,12 @@ class BatchCreate(Strict):
     advantage_clip: float = Field(5.0, gt=0)
     metadata: dict[str, str] = Field(default_factory=dict)
 
-    def most_rollouts(self) -> int:
+    def most_rollouts(self, tasks: int | None = None) -> int:
         """The most jobs the batch may start: every task's samples in every round, or the
-        budget's ``max_jobs`` if lower."""
+        budget's ``max_jobs`` if lower (``tasks``: how many it has, if not inline)."""
         extra = self.extra_samples or self.samples_per_task
-        planned = len(self.tasks) * (self.samples_per_task + (self.rounds - 1) * extra)
+        count = len(self.tasks) if tasks is None else tasks
+        planned = count * (self.samples_per_task + (self.rounds - 1) * extra)
         return min(planned, self.budget.max_jobs or planned)
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 from tiergate.objectstore import StorageError
 from tiergate.protocol.batches import Batch, BatchCreate
@@ -36,9 +37,16 @@ class BatchStore:
     def _active(self, owner: str, batch_id: str) -> str:
         return self.jobs.prefixed(f"batches-active/{owner}/{batch_id}")
 
-    def create(self, batch: Batch, spec: BatchCreate, owner_cap: int) -> bool:
-        body = spec.model_dump_json().encode()
-        if not self._objects.put_once(self._key(batch.owner, batch.id, "request.json"), body):
+    def create(self, batch: Batch, request: bytes | Path, owner_cap: int) -> bool:
+        """``request``: the batch's :class:`BatchCreate` as JSON, or a file of it (sent a
+        part at a time, never read whole)."""
+        key = self._key(batch.owner, batch.id, "request.json")
+        if isinstance(request, Path):
+            with request.open("rb") as body:
+                written = self._objects.put_once(key, body)
+        else:
+            written = self._objects.put_once(key, request)
+        if not written:
             return False
         self.put_state(batch)
         self._objects.put(self._active(batch.owner, batch.id), str(owner_cap).encode())
