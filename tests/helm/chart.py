@@ -52,10 +52,15 @@ EXISTING_SECRETS = {
     "kafka-credentials": {"username": "tiergate", "password": "s3cret", "ca.crt": "PEM"},
 }
 # What the chart's defaults leave to the installer (a seed for the secrets the chart makes,
-# the object store's addresses for the workers' egress), given to a render unless one of
+# the object store's addresses for the workers' egress, the brokers' credentials), given to
+# a render unless one of
 # the ci/*.yaml files, which carry their own, is among its values. Later sets win.
 SEED = "tests-seed-0123456789abcdef0123456789abcdef"
-REQUIRED = (f"secretSeed={SEED}", "jobs.storage.cidrs[0]=10.0.64.0/24")
+REQUIRED = (
+    f"secretSeed={SEED}",
+    "jobs.storage.cidrs[0]=10.0.64.0/24",
+    "jobs.kafka.security.existingSecret=kafka-credentials",
+)
 
 
 def helm() -> str:

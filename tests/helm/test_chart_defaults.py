@@ -210,11 +210,12 @@ def test_every_secret_can_come_from_an_existing_secret(
 
 
 def test_workers_egress_defaults_name_no_address_range() -> None:
-    said = chart.render_fails(f"secretSeed={chart.SEED}", required=False)
+    kafka = "jobs.kafka.security.existingSecret=kafka-credentials"
+    said = chart.render_fails(f"secretSeed={chart.SEED}", kafka, required=False)
     assert "jobs.storage" in said and "API server" in said, said
     # The defaults, with the one thing they leave open named: an in-cluster store's pods.
     docs = chart.render(
-        sets=(f"secretSeed={chart.SEED}", MINIO, "jobs.storage.port=9000"), required=False
+        sets=(f"secretSeed={chart.SEED}", kafka, MINIO, "jobs.storage.port=9000"), required=False
     )
     egress = chart.find(docs, "NetworkPolicy", WORKER)["spec"]["egress"]
     assert not [p for rule in egress for p in rule["to"] if "ipBlock" in p], egress

@@ -58,10 +58,14 @@ def test_kafka_trigger_names_what_the_workers_consume(
         "lagThreshold": "2",
         "offsetResetPolicy": "earliest",
         "allowIdleConsumers": "false",
+        # SASL over TLS, the chart's default transport.
+        "sasl": "scram_sha512",
+        "tls": "enable",
     }
-    # Plaintext brokers: nothing to authenticate with.
-    assert "authenticationRef" not in trigger
-    assert not [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    # The workers' Kafka user (the shared Secret here), as KEDA authenticates.
+    assert trigger["authenticationRef"] == {"name": "rel-tiergate-kafka"}
+    auth = find(docs, "TriggerAuthentication", "rel-tiergate-kafka")["spec"]["secretTargetRef"]
+    assert {r["name"] for r in auth} == {"kafka-credentials"}
     # KEDA owns the replica count.
     assert "replicas" not in find(docs, "Deployment", WORKER)["spec"]
 

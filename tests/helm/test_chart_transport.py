@@ -61,13 +61,16 @@ def test_kafka_sasl_tls_and_replication(tmp_path: Path, monkeypatch: pytest.Monk
         ("password", "password"),
         ("ca", "ca.crt"),
     }
-    assert "SASL" in render_fails("jobs.kafka.security.protocol=SASL_SSL")
     production = render(CHART / "ci" / "gpu-production.yaml")
     trigger = find(production, "ScaledObject", "rel-tiergate-worker")["spec"]["triggers"][0]
     assert trigger["metadata"]["sasl"] == "scram_sha512" and trigger["authenticationRef"]
-    # Plaintext brokers (the default): no credentials; topics replicated three times.
+    # Plaintext brokers, said to be intended: no credentials; topics replicated three times.
+    insecure = (
+        "jobs.kafka.security.protocol=PLAINTEXT",
+        "jobs.kafka.security.insecurePlaintext=true",
+    )
     plain = yaml.safe_load(
-        find(render(), "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
+        find(render(sets=insecure), "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
     )
     assert plain["jobs"]["kafka"]["replication_factor"] == 3
     assert not {"security_protocol", "sasl_mechanism", "ssl_cafile"} & plain["jobs"]["kafka"].keys()
@@ -139,3 +142,74 @@ def test_vllm_image_is_one_the_version_matrix_lists() -> None:
         f"ARG VLLM_IMAGE=vllm/vllm-openai:{tag}"
         in (ROOT / "helm" / "images" / "tuner.Dockerfile").read_text()
     )
+
+
+def test_kafka_is_sasl_over_tls_unless_plaintext_is_said_to_be_intended() -> None:
+    """The default transport is SASL_SSL, and a render without the brokers' credentials
+    fails naming where they go; PLAINTEXT (jobs and their owners in the clear, and any pod
+    that reaches the brokers queueing jobs) needs insecurePlaintext."""
+    said = render_fails("jobs.kafka.security.existingSecret=")
+    assert "SASL_SSL (the default)" in said and "components.gateway" in said, said
+    said = render_fails("jobs.kafka.security.protocol=PLAINTEXT")
+    assert "insecurePlaintext=true" in said, said
+    gateway = yaml.safe_load(
+        find(render(), "ConfigMap", "rel-tiergate-gateway")["data"]["tiergate.yaml"]
+    )
+    assert gateway["jobs"]["kafka"]["security_protocol"] == "SASL_SSL"
+
+
+def test_each_component_can_have_its_own_kafka_user_and_storage_keys() -> None:
+    """Least privilege: the gateway, the workers and KEDA each name their own Kafka Secret
+    (KEDA's defaults to the workers'), the gateway, the workers and the environments build
+    their own storage keys; the environments build, which reaches no broker, gets no Kafka
+    credentials at all; a component left without a Kafka Secret is refused by name."""
+    own = (
+        "jobs.kafka.security.existingSecret=",
+        "jobs.kafka.security.caKey=ca.crt",
+        "jobs.kafka.security.components.gateway=kafka-gateway",
+        "jobs.kafka.security.components.worker=kafka-worker",
+        "jobs.worker.keda.enabled=true",
+        "jobs.storage.staticCredentials.components.gateway=s3-gateway",
+        "jobs.storage.staticCredentials.components.worker=s3-worker",
+        "jobs.storage.staticCredentials.components.environments=s3-envs",
+        "jobs.environments.build.enabled=true",
+    )
+    docs = render(sets=own)
+
+    def refs(kind: str, name: str) -> dict[str, str]:
+        pod = pod_spec(docs, kind, name)
+        env = pod["containers"][0].get("env", [])
+        return {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for e in env
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+
+    gateway = refs("Deployment", "rel-tiergate-gateway")
+    worker = refs("Deployment", "rel-tiergate-worker")
+    assert gateway["TIERGATE_JOBS__KAFKA__SASL_PASSWORD"] == "kafka-gateway"
+    assert worker["TIERGATE_JOBS__KAFKA__SASL_PASSWORD"] == "kafka-worker"
+    assert (gateway["AWS_SECRET_ACCESS_KEY"], worker["AWS_SECRET_ACCESS_KEY"]) == (
+        "s3-gateway",
+        "s3-worker",
+    )
+    for name, secret in (
+        ("rel-tiergate-gateway", "kafka-gateway"),
+        ("rel-tiergate-worker", "kafka-worker"),
+    ):
+        volume = next(
+            v for v in pod_spec(docs, "Deployment", name)["volumes"] if v["name"] == "kafka-ca"
+        )
+        assert volume["secret"]["secretName"] == secret
+    trigger = find(docs, "TriggerAuthentication", "rel-tiergate-kafka")["spec"]["secretTargetRef"]
+    assert {r["name"] for r in trigger} == {"kafka-worker"}
+    keda = render(sets=(*own, "jobs.kafka.security.components.keda=kafka-keda"))
+    trigger = find(keda, "TriggerAuthentication", "rel-tiergate-kafka")["spec"]["secretTargetRef"]
+    assert {r["name"] for r in trigger} == {"kafka-keda"}
+    build = [d for d in docs if d["kind"] == "Job" and "environments" in d["metadata"]["name"]]
+    assert build, [d["metadata"]["name"] for d in docs if d["kind"] == "Job"]
+    env = {e["name"]: e for e in build[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert not [n for n in env if n.startswith("TIERGATE_JOBS__KAFKA__SASL")], env
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-envs"
+    said = render_fails(*own[:3])
+    assert "the worker's Kafka credentials" in said and "components.worker" in said, said

@@ -367,30 +367,56 @@ tuning:
   screen_eager: false
 {{- end -}}
 
-{{/* Environment the gateway and the workers share for jobs: Kafka's SASL credentials and
-static object-storage keys, each only when configured. */}}
+{{/* The Secret with a component's Kafka credentials (.root, .component: gateway, worker,
+keda or environments): its own (jobs.kafka.security.components; KEDA's falls back to the
+workers'), else the shared existingSecret. The environments build reaches no broker. */}}
+{{- define "tiergate.kafkaSecret" -}}
+{{- $sec := .root.Values.jobs.kafka.security -}}
+{{- $own := dict "gateway" $sec.components.gateway "worker" $sec.components.worker "keda" (default $sec.components.worker $sec.components.keda) -}}
+{{- if ne .component "environments" -}}
+{{- default $sec.existingSecret (get $own .component) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with a component's static object-storage keys (.root, .component: gateway,
+worker or environments): its own (jobs.storage.staticCredentials.components), else the
+shared one; "" when the store is reached by workload identity. */}}
+{{- define "tiergate.storageSecretOf" -}}
+{{- $c := .root.Values.jobs.storage.staticCredentials -}}
+{{- $own := get $c.components .component -}}
+{{- if $own }}{{ $own }}
+{{- else if include "tiergate.storageStatic" .root }}{{ include "tiergate.storageSecret" .root }}
+{{- end -}}
+{{- end -}}
+
+{{/* The environment a component (.root, .component) needs for jobs: its Kafka SASL
+credentials and static object-storage keys, each only when configured, and each the
+component's own where the operator gave it one (least privilege: README.md beside this
+chart, "Kafka and storage identities"). */}}
 {{- define "tiergate.jobsEnv" -}}
-{{- $sec := .Values.jobs.kafka.security -}}
-{{- if hasPrefix "SASL_" $sec.protocol }}
+{{- $sec := .root.Values.jobs.kafka.security -}}
+{{- $kafka := include "tiergate.kafkaSecret" . -}}
+{{- if and (hasPrefix "SASL_" $sec.protocol) $kafka }}
 - name: TIERGATE_JOBS__KAFKA__SASL_USERNAME
-  valueFrom: {secretKeyRef: {name: {{ $sec.existingSecret }}, key: {{ $sec.usernameKey }}}}
+  valueFrom: {secretKeyRef: {name: {{ $kafka }}, key: {{ $sec.usernameKey }}}}
 - name: TIERGATE_JOBS__KAFKA__SASL_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ $sec.existingSecret }}, key: {{ $sec.passwordKey }}}}
+  valueFrom: {secretKeyRef: {name: {{ $kafka }}, key: {{ $sec.passwordKey }}}}
 {{- end }}
-{{- if include "tiergate.storageStatic" . }}
+{{- with include "tiergate.storageSecretOf" . }}
 - name: AWS_ACCESS_KEY_ID
-  valueFrom: {secretKeyRef: {name: {{ include "tiergate.storageSecret" . }}, key: AWS_ACCESS_KEY_ID}}
+  valueFrom: {secretKeyRef: {name: {{ . }}, key: AWS_ACCESS_KEY_ID}}
 - name: AWS_SECRET_ACCESS_KEY
-  valueFrom: {secretKeyRef: {name: {{ include "tiergate.storageSecret" . }}, key: AWS_SECRET_ACCESS_KEY}}
+  valueFrom: {secretKeyRef: {name: {{ . }}, key: AWS_SECRET_ACCESS_KEY}}
 {{- end }}
 {{- end -}}
 
+{{/* The brokers' CA from the component's Kafka Secret (.root, .component). */}}
 {{- define "tiergate.kafkaCaVolume" -}}
-{{- $sec := .Values.jobs.kafka.security -}}
+{{- $sec := .root.Values.jobs.kafka.security -}}
 {{- if and (ne $sec.protocol "PLAINTEXT") $sec.caKey }}
 - name: kafka-ca
   secret:
-    secretName: {{ $sec.existingSecret }}
+    secretName: {{ include "tiergate.kafkaSecret" . }}
     items: [{key: {{ $sec.caKey }}, path: ca.crt}]
 {{- end }}
 {{- end -}}
