@@ -165,7 +165,10 @@ class GatewaySettings(_Section):
     docs: bool = True
     # uvicorn's graceful shutdown: in-flight requests and streams get this long to finish.
     shutdown_grace_seconds: float = Field(30.0, ge=0)
-    # Connections plus requests in progress past which uvicorn answers 503 (None: no cap).
+    # Connections plus requests in progress past which uvicorn answers 503. None: half the
+    # process's open-file limit (the soft RLIMIT_NOFILE, read at start), at most 8192: a
+    # proxied request holds two descriptors (the client's and the engine's), and past the
+    # limit the server could not accept at all (tiergate.gateway.serving.connection_cap).
     max_connections: int | None = Field(None, ge=1)
     # An idle keep-alive connection (between requests) is closed after this long.
     keep_alive_seconds: float = Field(5.0, gt=0)

@@ -3,6 +3,7 @@ the exposure settings' validation; which client request ids are echoed."""
 
 from __future__ import annotations
 
+import resource
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from tiergate import cli
 from tiergate.gateway.coalesce import CoalescingHttpToolsProtocol
 from tiergate.gateway.requestids import client_request_id
-from tiergate.gateway.serving import uvicorn_options
+from tiergate.gateway.serving import connection_cap, uvicorn_options
 from tiergate.settings import Settings, SettingsError, load_settings
 
 
@@ -29,7 +30,7 @@ def test_defaults_keep_todays_behaviour() -> None:
     assert options == {
         "loop": "uvloop",
         "timeout_graceful_shutdown": 30.0,
-        "limit_concurrency": None,
+        "limit_concurrency": connection_cap(gateway),
         "timeout_keep_alive": 5.0,
         "log_config": None,
         "access_log": False,
@@ -37,6 +38,21 @@ def test_defaults_keep_todays_behaviour() -> None:
         "server_header": False,
     }
     assert gateway.body_read_timeout_seconds == 30.0
+
+
+@pytest.mark.parametrize(
+    ("soft", "cap"),
+    [(1024, 512), (1_048_576, 8192), (100, 64), (resource.RLIM_INFINITY, 8192)],
+)
+def test_unset_the_connection_cap_follows_the_open_file_limit(
+    soft: int, cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No default leaves the serving port uncapped: half the descriptors the process may
+    open, so that at the cap it still accepts, and answers 503, instead of failing to accept."""
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, resource.RLIM_INFINITY))
+    gateway = load_settings().gateway
+    assert uvicorn_options(gateway)["limit_concurrency"] == cap
+    assert connection_cap(load_settings(gateway={"max_connections": 50}).gateway) == 50
 
 
 def test_connection_settings_reach_uvicorn_config() -> None:

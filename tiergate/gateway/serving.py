@@ -7,7 +7,10 @@ What bounds a slow or idle client:
 - An idle keep-alive connection (``gateway.keep_alive_seconds``): uvicorn closes it when no
   new request starts within the timeout after the previous response.
 - How many at once (``gateway.max_connections``, uvicorn's ``limit_concurrency``): past it,
-  a request whose headers have arrived is answered 503 and its connection closed.
+  a request whose headers have arrived is answered 503 and its connection closed. Unset,
+  it is derived from the process's open-file limit (:func:`connection_cap`): a cap is
+  always there, since past the descriptors it has a server cannot accept anything, the
+  health checks included.
 - Request headers (``gateway.header_read_timeout_seconds``): a request's headers must be
   complete within the timeout after the connection is made, or, for the next request on
   a kept-alive connection, after the previous response; else the connection is closed,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import resource
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,13 +58,29 @@ def uvicorn_options(gateway: GatewaySettings) -> dict[str, Any]:
             CoalescingHttpToolsProtocol, header_read_timeout=gateway.header_read_timeout_seconds
         ),
         "timeout_graceful_shutdown": gateway.shutdown_grace_seconds,
-        "limit_concurrency": gateway.max_connections,
+        "limit_concurrency": connection_cap(gateway),
         "timeout_keep_alive": gateway.keep_alive_seconds,
         "log_config": None,
         "access_log": False,
         "proxy_headers": False,
         "server_header": False,
     }
+
+
+# The most connections a replica takes unless set: beyond a few thousand, more replicas.
+MOST_CONNECTIONS = 8192
+
+
+def connection_cap(gateway: GatewaySettings) -> int:
+    """``gateway.max_connections``, or half of this process's soft open-file limit (a
+    proxied request holds the client's descriptor and the engine's), at most
+    :data:`MOST_CONNECTIONS`, and at least 64."""
+    if gateway.max_connections is not None:
+        return gateway.max_connections
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MOST_CONNECTIONS
+    return max(64, min(MOST_CONNECTIONS, soft // 2))
 
 
 def body_timeout_error(seconds: float) -> OpenAIError:
