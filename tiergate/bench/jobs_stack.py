@@ -149,12 +149,22 @@ class JobsStack:
     and how often they schedule batches (``batch_poll_seconds``)."""
 
     def __init__(
-        self, work: Path, outstanding: int, assignment: str, batch_poll_seconds: float = 2.0
+        self,
+        work: Path,
+        outstanding: int,
+        assignment: str,
+        batch_poll_seconds: float = 2.0,
+        auth: dict[str, Any] | None = None,
+        jobs: dict[str, Any] | None = None,
     ) -> None:
+        """``auth``: the gateway's ``auth`` tree (none: no keys); ``jobs``: settings merged
+        over the ``jobs`` tree (one level deep), the workers' included."""
         self.work = work
         self.outstanding = outstanding
         self.assignment = assignment
         self.batch_poll_seconds = batch_poll_seconds
+        self.auth = auth
+        self.jobs_overrides = jobs or {}
         self.s3: ObjectStore = object_store(work / "s3", work / "seaweedfs.log")
         self.broker: Server | None = None
         self.children: list[subprocess.Popen[bytes]] = []
@@ -201,6 +211,9 @@ class JobsStack:
             self.assignment,
             self.batch_poll_seconds,
         )
+        for key, value in self.jobs_overrides.items():
+            merged = isinstance(value, dict) and isinstance(jobs.get(key), dict)
+            jobs[key] = {**jobs[key], **value} if merged else value
         settings = JobsSettings.model_validate(jobs)
         JobStore(settings.storage).ensure_bucket()
         JobQueue(settings.kafka).ensure_topics()
@@ -218,6 +231,7 @@ class JobsStack:
                         "log_requests": False,
                     },
                     "jobs": jobs,
+                    **({"auth": self.auth} if self.auth else {}),
                 }
             )
         )

@@ -270,3 +270,27 @@ def bench_jobs(
     _, clean = run_jobs_benchmark(out, params)
     if not clean:
         raise typer.Exit(1)
+
+
+@bench_app.command("share")
+def bench_share(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    jobs_per_key: Annotated[
+        int, typer.Option(min=1, help="Jobs each of the two keys submits")
+    ] = 50,
+    job_seconds: Annotated[float, typer.Option(min=1.0, help="How long each job runs")] = 20.0,
+    workers: Annotated[int, typer.Option(min=1, help="Workers (2 slots each)")] = 2,
+    share: Annotated[float, typer.Option(min=0.05, max=1.0, help="jobs.fleet_share")] = 0.5,
+    window_seconds: Annotated[
+        float, typer.Option(min=10.0, help="Seconds sampled after the second key submits")
+    ] = 90.0,
+) -> None:
+    """Two keys' backlogs of long jobs on one fleet: what each runs while the other waits;
+    writes jobs-share-bench.md/.json. Exits 1 if a key held more than its share while the
+    other's jobs waited, or a job ran twice."""
+    from tiergate.bench.jobs_share import ShareBenchParams, run_share_benchmark
+
+    params = ShareBenchParams(jobs_per_key, job_seconds, workers, share, window_seconds)
+    _, held = run_share_benchmark(out, params)
+    if not held:
+        raise typer.Exit(1)
