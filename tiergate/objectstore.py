@@ -206,6 +206,26 @@ class ObjectStore:
 
         return self._call("read", get)
 
+    def get_unless(self, key: str, etag: str | None) -> tuple[bytes | None, str] | None:
+        """``key``'s content and ETag, unless it still has ``etag`` (``If-None-Match``):
+        then (None, ``etag``), nothing transferred; None when it is not stored."""
+
+        def get() -> tuple[bytes | None, str] | None:
+            condition = {"IfNoneMatch": etag} if etag else {}
+            try:
+                got = self._s3.get_object(Bucket=self.bucket, Key=key, **condition)
+            except ClientError as exc:
+                if etag and (_status(exc) == 304 or _code(exc) in ("304", "NotModified")):
+                    return None, etag
+                if _missing(exc):
+                    return None
+                raise
+            body = bytes(got["Body"].read())
+            self._count(read_bytes=len(body))
+            return body, str(got["ETag"])
+
+        return self._call("read", get)
+
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:
         """``key``'s content and ETag (for :meth:`put_if`), or None when it is not stored."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ from tests.jobstack import jobs_stack
 from tests.waiting import eventually
 from tiergate.gateway.readcost import UNIT_BYTES, units
 from tiergate.objectstore import ObjectStore
+from tiergate.protocol.batches import Batch, Rollout
+from tiergate.queue.batches.store import BatchStore
+from tiergate.queue.store import JobStore
 from tiergate.settings import StorageSettings
 
 JOB: dict[str, Any] = {
@@ -144,3 +148,34 @@ def test_an_event_stream_over_the_budget_waits_instead_of_failing(
         assert cancelled == [200]
         assert lines[-1] == "data: [DONE]"
         assert '"job.cancelled"' in lines[-2], lines[-2]
+
+
+def test_a_batch_streams_polls_read_its_state_again_only_when_it_changed(s3: str) -> None:
+    """A 20,000-rollout batch's state is 7 MB: each poll of an event stream fetched and
+    parsed it again. The stream's reader asks the store with the state's ETag, so a poll
+    while nothing changed costs one call and no bytes, and hands back the batch it has."""
+    store = JobStore(StorageSettings(endpoint_url=s3, bucket=f"states-{uuid.uuid4().hex[:8]}"))
+    store.ensure_bucket()
+    batches = BatchStore(store)
+    rollouts = [
+        Rollout(job_id=f"job_{i}", domain="d", task_id=f"t{i}", sample=0, round=1)
+        for i in range(2000)
+    ]
+    batch = Batch(id="batch_x", owner="o", created_at=1, samples_per_task=1, rounds=1)
+    batch.rollouts = rollouts
+    batches.put_state(batch)
+    read = batches.state_reader("o", "batch_x")
+    first, meter = store.objects.metered(read)
+    assert first is not None and len(first.rollouts) == 2000
+    assert meter.read_bytes > 200_000, meter
+    again, meter = store.objects.metered(read)
+    assert again is first and (meter.calls, meter.read_bytes) == (1, 0)
+    batch.rollouts[0].status = "completed"
+    batches.put_state(batch)
+    changed, meter = store.objects.metered(read)
+    assert changed is not None and changed is not first and meter.read_bytes > 200_000
+    assert changed.rollouts[0].status == "completed"
+    # Another reader (another stream) starts from nothing.
+    other, meter = store.objects.metered(batches.state_reader("o", "batch_x"))
+    assert other is not None and meter.read_bytes > 200_000
+    assert batches.state_reader("o", "batch_gone")() is None

@@ -222,8 +222,9 @@ class BatchesAPI:
         """Server-Sent Events: each rollout as it finishes, then the batch's end."""
         caller = self._jobs.caller(request)
         batch = await self._owned(request, batch_id)
+        # The stream's polls read the state again only when it changed (its ETag).
         return await self._jobs.streams.open_batch(
-            caller, lambda: self._batches.state(batch.owner, batch.id)
+            caller, self._batches.state_reader(batch.owner, batch.id)
         )
 
     async def rollouts(self, request: Request, batch_id: str) -> Response:

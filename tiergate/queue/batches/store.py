@@ -13,7 +13,7 @@ The owner is in every key, so that a key reads only its own batches.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tiergate.objectstore import StorageError
@@ -59,6 +59,29 @@ class BatchStore:
     def state(self, owner: str, batch_id: str) -> Batch | None:
         raw = self._objects.get(self._key(owner, batch_id, "state.json"))
         return None if raw is None else Batch.model_validate_json(raw)
+
+    def state_reader(self, owner: str, batch_id: str) -> Callable[[], Batch | None]:
+        """:meth:`state` for one reader that asks again and again (an event stream): each
+        read after the first asks the store for the state only if it changed (its ETag),
+        and hands back the batch it parsed last when it has not, so that a large batch's
+        state is neither sent nor parsed again while nothing happens to it."""
+        key = self._key(owner, batch_id, "state.json")
+        last: tuple[str, Batch] | None = None
+
+        def read() -> Batch | None:
+            nonlocal last
+            got = self._objects.get_unless(key, last[0] if last else None)
+            if got is None:
+                last = None
+                return None
+            body, etag = got
+            if body is None and last is not None:
+                return last[1]
+            assert body is not None
+            last = (etag, Batch.model_validate_json(body))
+            return last[1]
+
+        return read
 
     def put_state(self, batch: Batch, body: bytes | None = None) -> None:
         """``body``: the batch already serialized."""
