@@ -144,6 +144,22 @@ def test_vllm_image_is_one_the_version_matrix_lists() -> None:
     )
 
 
+def test_the_image_is_built_on_a_pinned_python_and_debian() -> None:
+    """Issue 33: the base image's tag floated (python:3.11-slim), so which Python, and so
+    which tarfile, the workers ran was not known. Every stage is built on one pinned
+    patch release of a named Debian release."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    [arg] = [line for line in dockerfile.splitlines() if line.startswith("ARG PYTHON_IMAGE=")]
+    image = arg.removeprefix("ARG PYTHON_IMAGE=")
+    name, _, tag = image.partition(":")
+    version, _, variant = tag.partition("-")
+    assert name == "python" and variant == "slim-bookworm", image
+    major, minor, patch = (int(part) for part in version.split("."))
+    assert (major, minor) == (3, 11) and patch >= 13, image  # 3.11.13: CVE-2025-4517's fix
+    stages = [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert stages and all(line.split()[1] == "${PYTHON_IMAGE}" for line in stages), stages
+
+
 def test_kafka_is_sasl_over_tls_unless_plaintext_is_said_to_be_intended() -> None:
     """The default transport is SASL_SSL, and a render without the brokers' credentials
     fails naming where they go; PLAINTEXT (jobs and their owners in the clear, and any pod
