@@ -10,13 +10,21 @@ than the job may. What it cannot do is stop a write mid-walk: a command can go p
 limit by what it writes in one interval (RLIMIT_FSIZE, also set, caps any single file at
 the disk limit). A per-workspace filesystem with quotas (a loop-mounted image, XFS project
 quotas) would be exact, but needs privileges a worker pod does not have; this needs none.
+
+A walk sees only files that have a name. A file the job removed but still holds open, or
+mapped, keeps its blocks on the disk all the same, so each pass also counts those of the
+job's processes (:func:`held_unlinked`: their open descriptors and mappings, through
+``/proc``, on the workspace's file system). A descriptor in flight in a Unix socket's
+queue, held by no process, is not seen; it is gone with the command's processes.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +54,46 @@ def usage(top: Path, stop_at_entries: int | None = None) -> Usage:
     return Usage(total, walk.entries, walk.hidden)
 
 
+def held_unlinked(pids: Iterable[int], device: int) -> int:
+    """Bytes allocated to files on ``device`` that have no name left (removed) and that the
+    processes ``pids`` still hold open or mapped; each file once."""
+    sizes: dict[int, int] = {}
+    major, minor = os.major(device), os.minor(device)
+    for pid in pids:
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:  # gone, or not ours to read
+            names = []
+        for name in names:
+            try:
+                st = os.stat(f"{fds}/{name}")  # the open file itself, named or not
+            except OSError:
+                continue
+            if st.st_dev == device and st.st_nlink == 0 and stat.S_ISREG(st.st_mode):
+                sizes[st.st_ino] = max(sizes.get(st.st_ino, 0), st.st_blocks * 512)
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                lines = maps.readlines()
+        except OSError:
+            continue
+        for line in lines:
+            # start-end perms offset major:minor inode path, " (deleted)" once removed
+            if not line.rstrip().endswith("(deleted)"):
+                continue
+            fields = line.split(maxsplit=5)
+            try:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                dev_major, dev_minor = (int(x, 16) for x in fields[3].split(":"))
+                inode, offset = int(fields[4]), int(fields[2], 16)
+            except (IndexError, ValueError):
+                continue
+            if (dev_major, dev_minor) == (major, minor) and inode:
+                # What the mappings reach of the file: at most its allocated size.
+                sizes[inode] = max(sizes.get(inode, 0), offset + end - start)
+    return sum(sizes.values())
+
+
 HIDDEN = (
     "the workspace holds a directory the worker cannot read, so its disk use cannot be "
     "counted; leave the owner's read and execute bits on the job's directories"
@@ -63,8 +111,13 @@ class DiskWatch:
         max_entries: int,
         kill: Callable[[], None],
         interval: float = 0.2,
+        pids: Callable[[], list[int]] | None = None,
     ) -> None:
+        """``pids``: the command's processes, whose removed but open or mapped files count
+        (:func:`held_unlinked`)."""
         self._top = top
+        self._pids = pids
+        self._device = top.stat().st_dev
         self._max_bytes = max_bytes
         self._max_entries = max_entries
         self._kill = kill
@@ -86,10 +139,12 @@ class DiskWatch:
         while not self._stop.wait(wait):
             started = time.monotonic()
             used = usage(self._top, stop_at_entries=self._max_entries)
-            if used.bytes > self._max_bytes:
+            held = held_unlinked(self._pids(), self._device) if self._pids else 0
+            if used.bytes + held > self._max_bytes:
+                removed = f" ({held} of them in removed files still open)" if held else ""
                 self.exceeded = (
-                    f"the command was stopped: the workspace held {used.bytes} bytes, over "
-                    f"the job's disk limit of {self._max_bytes} bytes"
+                    f"the command was stopped: the workspace held {used.bytes + held} bytes"
+                    f"{removed}, over the job's disk limit of {self._max_bytes} bytes"
                 )
             elif used.entries > self._max_entries:
                 self.exceeded = (

@@ -96,6 +96,15 @@ class JobCgroup:
         except (OSError, ValueError):
             return 0
 
+    def pids(self) -> list[int]:
+        """The job's processes now (none when the cgroup cannot be read)."""
+        if not self.dirs:
+            return []
+        try:
+            return [int(pid) for pid in (self.dirs[0] / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
     def kill(self) -> None:
         """Kill whatever is still in the cgroup (so that it can be removed)."""
         if not self.dirs:

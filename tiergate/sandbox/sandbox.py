@@ -357,6 +357,7 @@ class Sandbox:
                 self._settings.max_workspace_entries,
                 self.kill,
                 self._settings.disk_watch_seconds,
+                pids=self._cgroup.pids if self._cgroup is not None else None,
             ) as watch:
                 text, timed_out = read_bounded(proc.stdout, limit, deadline, self.kill)
                 try:
