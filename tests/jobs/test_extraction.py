@@ -10,11 +10,9 @@ Real bubblewrap; the non-root cases run as uid 65534 in a process of their own."
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import uuid
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.unprivileged import NOBODY, REPO
+from tests.jobs.unprivileged import NOBODY, REPO, run_as_nobody
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.sandbox import files as sandbox_files
@@ -248,19 +246,7 @@ def test_a_non_root_worker_refuses_the_same_archives() -> None:
         (outside / "target").write_text("untouched")
         for path in (outside, outside / "target"):
             os.chown(path, NOBODY, NOBODY)
-        done = subprocess.run(
-            [
-                *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
-                *(sys.executable, "-c", _AS_NOBODY, str(REPO), str(base)),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-            env={"PATH": os.environ["PATH"], "HOME": str(base)},
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        verdicts = json.loads(done.stdout.splitlines()[-1])
+        verdicts = run_as_nobody(_AS_NOBODY, str(base), home=str(base))
         for name, (_, why) in ATTACKS.items():
             assert why in verdicts[name], (name, verdicts[name])
         assert verdicts["cve-2025-4517"] != "unpacked"

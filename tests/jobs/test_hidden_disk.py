@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 
 import pytest
 
-from tests.jobs.unprivileged import NOBODY, REPO, delegated
+from tests.jobs.unprivileged import NOBODY, delegated, run_as_nobody
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings, SandboxSettings
@@ -83,19 +81,7 @@ def test_removed_files_count_on_a_non_root_worker_too() -> None:
     with delegated(JobsSettings()) as jobs:
         os.makedirs(jobs.sandbox.work_dir, exist_ok=True)
         os.chown(jobs.sandbox.work_dir, NOBODY, NOBODY)
-        done = subprocess.run(
-            [
-                *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
-                *(sys.executable, "-c", _AS_WORKER, str(REPO), jobs.sandbox.model_dump_json()),
-                json.dumps(BOMBS),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-            env={"PATH": os.environ["PATH"], "HOME": jobs.sandbox.work_dir},
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+        settings = jobs.sandbox.model_dump_json()
+        out = run_as_nobody(_AS_WORKER, settings, json.dumps(BOMBS), home=jobs.sandbox.work_dir)
     for name in BOMBS:
         assert LIMIT in out[name], out

@@ -9,14 +9,11 @@ its own."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.jobs.unprivileged import NOBODY, REPO, delegated
+from tests.jobs.unprivileged import NOBODY, delegated, run_as_nobody
 from tiergate.settings import JobsSettings
 
 ROOT = os.geteuid() == 0
@@ -48,13 +45,14 @@ finally:
     box.close()
 out["watch_removed"] = not box.root.exists()
 
-# Written quickly under the limit per file, then hidden: the check between commands.
-box = Sandbox("hide-check", JobLimits(disk_mb=16), settings)
+# 18 MB, then hidden: the check between commands, against 16 MiB (the command itself ran
+# under 64 MiB, so that the watch, which may look while it runs, never stops it first).
+box = Sandbox("hide-check", JobLimits(disk_mb=64), settings)
 try:
     box.run("mkdir h && head -c 9000000 /dev/zero > h/a && head -c 9000000 /dev/zero > h/b "
             "&& chmod 300 h", timeout=60)
     try:
-        out["check"] = box.check_disk()
+        out["check"] = box.check_disk(16 * 1024 * 1024)
     except SandboxError as exc:
         out["check"] = str(exc)
     # A mode-000 file and a mode-000 directory with a file in it: into the artifact.
@@ -77,19 +75,7 @@ def test_locked_directories_hide_nothing_from_a_non_root_worker() -> None:
     with delegated(JobsSettings()) as jobs:
         os.makedirs(jobs.sandbox.work_dir, exist_ok=True)
         os.chown(jobs.sandbox.work_dir, NOBODY, NOBODY)
-        done = subprocess.run(
-            [
-                *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
-                *(sys.executable, "-c", _AS_WORKER, str(REPO), jobs.sandbox.model_dump_json()),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-            env={"PATH": os.environ["PATH"], "HOME": jobs.sandbox.work_dir},
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+        out = run_as_nobody(_AS_WORKER, jobs.sandbox.model_dump_json(), home=jobs.sandbox.work_dir)
     assert out["uid"] == NOBODY
     assert "over the job's disk limit of 16777216 bytes" in out["watch"], out
     assert out["watch_removed"], "a d-wx directory survived the cleanup"

@@ -4,6 +4,7 @@ or of a v2 directory), for the tests that must hold as that user."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tiergate.settings import JobsSettings
 
@@ -103,3 +105,21 @@ def start_worker(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def run_as_nobody(script: str, *args: str, home: str, timeout: float = 300) -> Any:
+    """``python -c script REPO *args`` as uid 65534 (a worker's code run as the chart's
+    worker would run it, in a process of its own); what it printed last, as JSON."""
+    done = subprocess.run(
+        [
+            *("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"),
+            *(sys.executable, "-c", script, str(REPO), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "HOME": home},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
