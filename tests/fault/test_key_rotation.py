@@ -5,6 +5,7 @@ real gateway over FakeVllm, a revoked key stops working and a new one starts wor
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -29,8 +30,9 @@ def _write(path: Path, **keys: str) -> None:
 
 
 def test_a_revoked_key_stops_working_without_a_restart(
-    fakes: list[FakeVllm], tmp_path: Path
+    fakes: list[FakeVllm], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="tiergate.auth")
     old, old_hash = new_key()
     new, new_hash = new_key()
     keys_file = tmp_path / "auth-keys"
@@ -50,9 +52,17 @@ def test_a_revoked_key_stops_working_without_a_restart(
         # Bounded: the reload interval, plus a request's time.
         assert time.monotonic() - revoked_at < RELOAD_SECONDS + 2
         assert status(new) == 200
-        # A file caught half-written keeps the keys that were.
+        # A file caught half-written keeps the keys that were: once the gateway has read
+        # it (it says so in its log; requests make it look), the keys are still the new one.
+        caplog.clear()
         keys_file.write_text('[{"name": "team", "ha')
-        eventually(lambda: status(new) == 200 and status(old) == 401, 5, what="keys kept")
+
+        def read_the_broken_file() -> bool:
+            status(new)
+            return any("keeping the current API keys" in r.getMessage() for r in caplog.records)
+
+        eventually(read_the_broken_file, 10, 0.1, "the gateway read the half-written file")
+        assert status(new) == 200 and status(old) == 401
 
 
 def test_an_unusable_keys_file_fails_at_start(tmp_path: Path) -> None:
