@@ -3,7 +3,9 @@ moved by hand; and the commit positions of a worker running several jobs at once
 
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -38,6 +40,27 @@ def test_two_pickups_of_one_job_get_one_run(store: JobStore) -> None:
     second = _leases(store, b).take("job_1", "worker-b")
     assert isinstance(first, RunLease) and first.epoch == 1
     assert isinstance(second, Held) and second.epoch == 1
+
+
+def test_pickups_racing_for_one_job_get_one_run(store: JobStore) -> None:
+    """Eight pickups of each of ten jobs at once, each from a worker of its own (its own
+    clock and client): the conditional write is the only fence between them, and each job
+    gets exactly one run, held by one of them."""
+    workers = [_leases(store, Clock()) for _ in range(8)]
+    for n in range(10):
+        job_id = f"job_race_{n}"
+        start = threading.Barrier(len(workers))
+
+        def take(index: int, job_id: str = job_id, start: threading.Barrier = start) -> object:
+            start.wait()
+            return workers[index].take(job_id, f"worker-{index}")
+
+        with ThreadPoolExecutor(len(workers)) as pool:
+            got = list(pool.map(take, range(len(workers))))
+        runs = [g for g in got if isinstance(g, RunLease)]
+        assert len(runs) == 1, (job_id, got)
+        assert all(isinstance(g, Held) and g.epoch == 1 for g in got if g is not runs[0]), got
+        assert runs[0].epoch == 1
 
 
 def test_a_beating_lease_is_never_taken_over(store: JobStore) -> None:
