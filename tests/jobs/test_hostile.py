@@ -70,7 +70,12 @@ def test_hostile_jobs_end_and_the_next_job_completes(
         hostile = {
             "file and directory": {"workspace": {"upload_id": nested}},
             "memory bomb": {"setup": ["python3 -c 'b = bytearray(512 * 1024 * 1024)'"]},
-            "fork bomb": {"setup": [":(){ :|:& };:"], "limits": {**small, "timeout_seconds": 8}},
+            # A bomb dash runs (it refuses a function named `:`, so the classic one is a
+            # syntax error, and bombed nothing); the setup then fails after it.
+            "fork bomb": {
+                "setup": ["bomb() { bomb | bomb & }; bomb; sleep 1; exit 1"],
+                "limits": {**small, "timeout_seconds": 8},
+            },
             "output bomb": {"setup": ["head -c 2000000000 /dev/zero | tr '\\0' x"]},
             "disk bomb": {"setup": ["head -c 100000000 /dev/zero > big"]},
             # Files each under the file size limit, together over the disk limit; then
