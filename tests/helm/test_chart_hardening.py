@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.helm import chart
 from tiergate.jobsettings import JobCaps
@@ -50,10 +51,20 @@ def test_a_redis_password_never_reaches_a_config_map(
     assert password not in _config_maps_text(chart_redis)
 
 
+def _has_workers(docs: list[dict[str, Any]], values: Path | None) -> bool:
+    """Whether the render has workers: exactly when its values leave jobs on (the checks
+    below then apply); a render with jobs off must have none."""
+    jobs = (yaml.safe_load(values.read_text()) if values else {}).get("jobs") or {}
+    wanted = jobs.get("enabled", True)
+    found = any(d["metadata"]["name"] == "rel-tiergate-worker" for d in docs)
+    assert found == wanted, (values, wanted, found)
+    return found
+
+
 @pytest.mark.parametrize("values", [None, *chart.VALUES], ids=lambda p: p.stem if p else "defaults")
 def test_workers_reach_no_address_but_the_named_ones(values: Path | None) -> None:
     docs = chart.render(*([values] if values else []))
-    if not any(d["metadata"]["name"] == "rel-tiergate-worker" for d in docs):
+    if not _has_workers(docs, values):
         return
     policy = chart.find(docs, "NetworkPolicy", "rel-tiergate-worker")["spec"]
     cidrs = [p["ipBlock"]["cidr"] for r in policy["egress"] for p in r["to"] if "ipBlock" in p]
@@ -190,7 +201,7 @@ def test_worker_pods_have_memory_beside_their_jobs(
     values: Path | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = chart.render(*([values] if values else []))
-    if not any(d["metadata"]["name"] == "rel-tiergate-worker" for d in docs):
+    if not _has_workers(docs, values):
         return
     gateway = chart.load_pod_settings(
         docs, "Deployment", "rel-tiergate-gateway", tmp_path, monkeypatch
