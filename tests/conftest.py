@@ -31,3 +31,24 @@ def broker(pipeline: tuple[ObjectStore, Server]) -> str:
 @pytest.fixture(scope="session")
 def s3(pipeline: tuple[ObjectStore, Server]) -> str:
     return pipeline[0].url
+
+
+# -- how long each folder took (tests/README.md quotes these lines) ------------------------
+
+_FOLDER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each test's setup, call and teardown time (a session server's start counts
+    where it happens) to its folder's total."""
+    parts = report.nodeid.split("/")
+    folder = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+    _FOLDER_SECONDS[folder] = _FOLDER_SECONDS.get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FOLDER_SECONDS:
+        return
+    terminalreporter.section("seconds per folder")
+    for folder, seconds in sorted(_FOLDER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{folder:<16} {seconds:8.1f}")
