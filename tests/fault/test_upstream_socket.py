@@ -212,10 +212,15 @@ async def test_bytes_nobody_asked_for_drop_the_connection() -> None:
     connection): the first is the request's answer; the connection is not used again, so
     the next request cannot take the stray bytes for its own answer."""
 
+    # Set once a handler has sent its stray bytes: the next request waits for it, not
+    # for a time that a slow machine may overrun.
+    sent = asyncio.Event()
+
     async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(answer(b'{"n": 1}') + answer(b'{"n": "stray"}'))
         await writer.drain()
+        sent.set()
         await asyncio.sleep(0.5)
 
     async def stray_later(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -225,14 +230,22 @@ async def test_bytes_nobody_asked_for_drop_the_connection() -> None:
         await asyncio.sleep(0.1)
         writer.write(answer(b'{"n": "stray"}'))
         await writer.drain()
+        sent.set()
         await asyncio.sleep(0.5)
 
     for handler in (chatty, stray_later):
+        sent.clear()
         async with raw_server(handler) as (origin, accepted):
             client = UpstreamClient()
             try:
                 assert orjson.loads(await post(client, origin)) == {"n": 1}
-                await asyncio.sleep(0.3)
+                await asyncio.wait_for(sent.wait(), 10)
+                # The idle connection is closed as its stray bytes arrive (polled, within 5 s).
+                for _ in range(500):
+                    if all(c.closed for c in client.idle_connections(origin)):
+                        break
+                    await asyncio.sleep(0.01)
+                assert all(c.closed for c in client.idle_connections(origin)), handler.__name__
                 assert orjson.loads(await post(client, origin)) == {"n": 1}
             finally:
                 client.close()
