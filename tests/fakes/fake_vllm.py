@@ -64,6 +64,10 @@ class FakeRecord:
     headers: list[dict[str, str]] = field(default_factory=list)
     # (path, authorization header or None) of each /health, /metrics and /v1/models probe.
     probes: list[tuple[str, str | None]] = field(default_factory=list)
+    # With behaviour.slots: requests holding a slot now, and for each request that got one,
+    # (its prompt's characters, whether it found every slot taken and had to wait).
+    in_slots: int = 0
+    slot_waits: list[tuple[int, bool]] = field(default_factory=list)
 
 
 class FakeVllm:
@@ -313,8 +317,14 @@ class FakeVllm:
             if b.slots:
                 if self._slots is None:
                     self._slots = asyncio.Semaphore(b.slots)
+                waited = self._slots.locked()
                 async with self._slots:
-                    await asyncio.sleep(b.delay_per_prompt_char * _prompt_chars(body))
+                    self.record.slot_waits.append((_prompt_chars(body), waited))
+                    self.record.in_slots += 1
+                    try:
+                        await asyncio.sleep(b.delay_per_prompt_char * _prompt_chars(body))
+                    finally:
+                        self.record.in_slots -= 1
             if not body.get("stream"):
                 await asyncio.sleep(b.chunk_delay)
                 text = "hello from fake"
