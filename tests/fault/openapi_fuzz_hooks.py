@@ -4,7 +4,8 @@ The description leaves ``model`` an open string (with the served models as examp
 most generated requests would name no served model and stop at the gateway's 404. To carry
 the generated shapes through the gateway to the fakes and back, each generated body names
 the model a fake serves for its route: the pooling model for pooling routes, the generative
-one for the rest. Generated bodies seldom set ``stream``; on streaming routes, about half of
+one for the rest (and every job's and batch task's, on the jobs routes). Generated bodies
+seldom set ``stream``; on streaming routes, about half of
 those that leave it out ask for a stream, so that the event streams are checked too.
 """
 
@@ -26,6 +27,13 @@ POOLING_MODEL = "fake-embed"
 def map_body(context: Any, body: Any) -> Any:
     operation = getattr(context, "operation", None)
     route = ROUTES.get(operation.path) if operation is not None else None
+    path = operation.path if operation is not None else ""
+    if path.startswith("/v1/jobs") and isinstance(body, dict):
+        # A job, or each task of a batch, for the model the gateway serves.
+        for item in [body, *(t for t in body.get("tasks") or [] if isinstance(t, dict))]:
+            if isinstance(item.get("model"), str):
+                item["model"] = MODEL
+        return body
     if route is not None and isinstance(body, dict) and isinstance(body.get("model"), str):
         body["model"] = POOLING_MODEL if route.kind is RouteKind.POOLING else MODEL
         if route.streams and "stream" not in body:
