@@ -68,3 +68,23 @@ def running_gateway(settings: Settings, port: int | None = None) -> Iterator[str
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def serving_app(app: Any, gateway: Any) -> Iterator[tuple[int, uvicorn.Server]]:
+    """``app`` (any ASGI app) on a free loopback port, with the gateway's uvicorn options
+    for ``gateway`` (GatewaySettings), in a thread: the port and the server."""
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, lifespan="off", **uvicorn_options(gateway)
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    eventually(lambda: server.started or not thread.is_alive(), 20, 0.02, "the server started")
+    assert server.started
+    try:
+        yield port, server
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -6,16 +6,14 @@ connections, once closed, make room again."""
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import uvicorn
 
-from tests.servers import free_port
+from tests.servers import serving_app
 from tests.waiting import eventually
-from tiergate.gateway.serving import uvicorn_options
 from tiergate.settings import load_settings
 
 CAP = 3
@@ -32,20 +30,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture
 def server() -> Iterator[tuple[int, uvicorn.Server]]:
     gateway = load_settings(gateway={"max_connections": CAP, "keep_alive_seconds": 30}).gateway
-    port = free_port()
-    config = uvicorn.Config(
-        _app, host="127.0.0.1", port=port, lifespan="off", **uvicorn_options(gateway)
-    )
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    eventually(lambda: running.started or not thread.is_alive(), 20, 0.02, "the server started")
-    assert running.started
-    try:
-        yield port, running
-    finally:
-        running.should_exit = True
-        thread.join(10)
+    with serving_app(_app, gateway) as running:
+        yield running
 
 
 def _status(sock: socket.socket) -> bytes:

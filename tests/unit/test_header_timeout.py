@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
-from tests.servers import free_port
-from tests.waiting import eventually
-from tiergate.gateway.serving import uvicorn_options
+from tests.servers import serving_app
 from tiergate.settings import load_settings
 
 TIMEOUT = 0.5
@@ -48,20 +44,8 @@ def port() -> Iterator[int]:
         # Keep-alive far longer than the header timeout: only the latter closes below.
         gateway={"header_read_timeout_seconds": TIMEOUT, "keep_alive_seconds": 30}
     ).gateway
-    port = free_port()
-    config = uvicorn.Config(
-        _app, host="127.0.0.1", port=port, lifespan="off", **uvicorn_options(gateway)
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    eventually(lambda: server.started or not thread.is_alive(), 20, 0.02, "the server started")
-    assert server.started
-    try:
+    with serving_app(_app, gateway) as (port, _):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _connect(port: int) -> socket.socket:
