@@ -288,6 +288,13 @@ class AdmissionSettings(_Section):
     # Per tier, when no endpoint is designated for long context.
     long_context_max_concurrent: int = Field(4, ge=1)
 
+    @field_validator("tiers", mode="after")
+    @classmethod
+    def _every_tier(cls, tiers: dict[Tier, TierAdmission]) -> dict[Tier, TierAdmission]:
+        """A tier the settings leave out keeps the defaults (a file that sets only the
+        standard tier's queue stopped the gateway at start with a KeyError)."""
+        return {tier: tiers.get(tier, TierAdmission()) for tier in Tier}
+
 
 def _default_tiers() -> dict[Tier, PoolSettings]:
     return {

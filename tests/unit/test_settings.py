@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.settings import SettingsError, load_settings
+from tiergate.settings import SettingsError, TierAdmission, load_settings
 from tiergate.tiers import Tier
 
 
@@ -114,3 +114,11 @@ def test_kafka_client_options_carry_sasl_and_tls() -> None:
     options = secure.client_options()
     assert options["sasl_plain_username"] == "tiergate" and options["ssl_cafile"].endswith("ca.pem")
     assert "secret" not in repr(secure)
+
+
+def test_an_admission_tree_naming_one_tier_keeps_the_others_defaults() -> None:
+    """It stopped the gateway at start with a KeyError for the tier left out."""
+    settings = load_settings(admission={"tiers": {"standard": {"max_concurrent": 1}}})
+    tiers = settings.admission.tiers
+    assert tiers[Tier.STANDARD].max_concurrent == 1
+    assert tiers[Tier.FAST] == TierAdmission()
