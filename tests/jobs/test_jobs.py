@@ -302,6 +302,24 @@ def test_drained_worker_hands_its_job_to_another(
         assert final["attempts"] == 1
 
 
+def test_a_draining_worker_lets_its_running_job_finish(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """The README's drain: a worker told to stop (SIGTERM's path) with time left takes no
+    new job, and the one it runs finishes there, once, before it exits."""
+    model.behaviour.replies = ["```bash\nsleep 3 && echo 42 > answer.txt\n```", "DONE"]
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        job = stack.submit(TASK)
+        worker = stack.start_worker()
+        stack.wait(job["id"], lambda j: j["status"] == "in_progress")
+        eventually(lambda: model.record.requests >= 1, 30, 0.05, "the model asked")
+        worker.stop(drain_seconds=60)  # returns once its job has ended
+        assert worker.processed == [(job["id"], "finished")]
+        final = httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()
+        assert final["status"] == "completed" and final["result"]["passed"] is True, final
+        assert (final["attempts"], final["run"]) == (1, 1)
+
+
 def test_job_whose_verifier_fails_completes_with_passed_false(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
