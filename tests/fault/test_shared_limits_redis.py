@@ -1,5 +1,6 @@
-"""Limits shared by two gateway processes through a real Redis, and what happens when
-Redis goes away (the gateways keep serving with local limits and say so)."""
+"""Limits shared by two gateway processes through a real Redis, what happens when Redis
+goes away (the gateways keep serving with local limits and say so), and that they share
+again once it is back."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 class RedisServer:
     def __init__(self) -> None:
+        self.port = free_port()
+        self.start()
+
+    def start(self) -> None:
+        """Start (again, on the same port: as a restarted Redis behind its address)."""
         binary = shutil.which("redis-server")
         assert binary, "redis-server is missing: scripts/bootstrap.sh installs it"
-        self.port = free_port()
         self.proc = subprocess.Popen(
             [
                 binary,
@@ -94,6 +99,9 @@ def test_limit_holds_across_two_gateways_and_survives_redis_loss(
     fakes: list[FakeVllm], redis_server: RedisServer, tmp_path: Path
 ) -> None:
     key, digest = new_key()
+    # A second key whose requests make each gateway try Redis again, without spending the
+    # shared key's budget.
+    probe, probe_digest = new_key()
     config = tmp_path / "tiergate.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -106,10 +114,11 @@ def test_limit_holds_across_two_gateways_and_survives_redis_loss(
                 "auth": {
                     "enabled": True,
                     "keys": [
-                        {"name": "shared", "hash": digest, "limits": {"requests_per_minute": 6}}
+                        {"name": "shared", "hash": digest, "limits": {"requests_per_minute": 6}},
+                        {"name": "probe", "hash": probe_digest},
                     ],
                 },
-                "limits": {"redis_url": redis_server.url, "redis_retry_seconds": 60},
+                "limits": {"redis_url": redis_server.url, "redis_retry_seconds": 1},
                 # Two gateways side by side: /metrics on their serving ports, not one 9300.
                 "gateway": {
                     "log_requests": False,
@@ -141,6 +150,25 @@ def test_limit_holds_across_two_gateways_and_survives_redis_loss(
             assert metric_value(base, "tiergate_ratelimit_redis_up") == 0
             unauthenticated = httpx.post(f"{base}/v1/chat/completions", json=CHAT)
             assert unauthenticated.status_code == 401
+
+        # Redis back (empty, as a restarted one is): each gateway goes back to it within its
+        # retry interval, and the two share the key's six a minute again.
+        redis_server.start()
+        probing = {"authorization": f"Bearer {probe}"}
+
+        def shared_again() -> bool:
+            for _, base in gateways:
+                httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=probing)
+            return all(metric_value(b, "tiergate_ratelimit_redis_up") == 1 for _, b in gateways)
+
+        eventually(shared_again, 30, 0.5, "both gateways using Redis again")
+        codes = []
+        for i in range(8):
+            base = gateways[i % 2][1]
+            codes.append(
+                httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers).status_code
+            )
+        assert codes == [200] * 6 + [429, 429]
     finally:
         logs = []
         for proc, _ in gateways:
