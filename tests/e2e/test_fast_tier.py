@@ -65,7 +65,6 @@ def test_speculation_keeps_the_greedy_answers_of_the_same_weights(
     # thresholds, not this test's, say how close is close enough).
     checks = report["checks"]
     assert checks["next_token_agreement"] and checks["kl_divergence"], render(report, "ngram")
-    assert checks["tasks"], render(report, "bf16 + ngram")
 
 
 def test_fast_tier_speculation_is_measured(vllm_servers: dict[Tier, VllmServer]) -> None:
