@@ -17,7 +17,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -454,55 +454,99 @@ def test_parallel_creates_cannot_pass_the_outstanding_cap_together(
         assert httpx.post(f"{stack.base}/v1/jobs", json=TASK, headers=h["b"]).status_code == 200
 
 
+class SlowUploads:
+    """Slow uploads (4 MiB, a piece every 0.2 s until released: in the gateway's hands,
+    spooling, all along, as a slow client's are) from one key, held until :meth:`release`."""
+
+    def __init__(self, stack: JobsStack, headers: dict[str, str], pool: ThreadPoolExecutor):
+        self._url = f"{stack.base}/v1/jobs/workspaces"
+        self._headers = headers
+        self._pool = pool
+        self._released = threading.Event()
+        self._body = tar_of({"f": bytes(4 * MiB)})
+        self.sent: list[Future[tuple[int, str]]] = []
+
+    def _pieces(self) -> Iterator[bytes]:
+        for start in range(0, len(self._body), 64 * 1024):
+            if not self._released.is_set():
+                self._released.wait(0.2)
+            yield self._body[start : start + 64 * 1024]
+
+    def _send(self) -> tuple[int, str]:
+        resp = httpx.post(self._url, content=self._pieces(), headers=self._headers, timeout=60)
+        return resp.status_code, resp.text[:300]
+
+    def send(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.sent.append(self._pool.submit(self._send))
+
+    def release(self) -> list[int]:
+        """Let them finish; their statuses, sorted."""
+        self._released.set()
+        return sorted(f.result()[0] for f in self.sent)
+
+
+def _refused_while_held(
+    stack: JobsStack,
+    slow: SlowUploads,
+    probe: dict[str, str],
+    status: int,
+    code: str,
+) -> dict[str, Any]:
+    """Probe uploads (``probe``'s key) until one is refused ``status``; its error. A probe
+    that gets through held a slot at the moment a slow upload arrived, which was refused
+    then (its answer waits for its slow body): one more slow upload goes out each time."""
+    small = tar_of({"f": b"x"}, mode="w:gz")
+    seen: list[int] = []
+
+    def refused() -> bool:
+        seen.append(_upload(stack, small, probe).status_code)
+        if seen[-1] != status and len(slow.sent) < 8:
+            slow.send()
+        return seen[-1] == status
+
+    eventually(refused, 10, 0.2, lambda: f"an upload refused {status}: {seen[-5:]}")
+    return _envelope(_upload(stack, small, probe), status, code)
+
+
 def test_one_key_holds_at_most_its_share_of_a_replicas_upload_slots(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     """Eight slow uploads from one key took every slot of a replica: its others' got 503
     upload_capacity for as long. A key now holds jobs.max_concurrent_uploads_per_key (2)."""
     auth, h = _keys("a", "b")
-    with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack:
-        url = f"{stack.base}/v1/jobs/workspaces"
-        release = threading.Event()
+    with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack, ThreadPoolExecutor(8) as pool:
+        slow = SlowUploads(stack, h["a"], pool)
+        slow.send(2)
+        try:
+            error = _refused_while_held(stack, slow, h["a"], 429, "too_many_concurrent_uploads")
+            assert "jobs.max_concurrent_uploads_per_key: 2" in error["message"]
+            small = tar_of({"f": b"x"}, mode="w:gz")
+            assert _upload(stack, small, h["b"]).status_code == 200  # the neighbour's
+        finally:
+            codes = slow.release()
+        # Two were received (the key's two slots); any other was refused, none failed.
+        assert codes == [200, 200] + [429] * (len(codes) - 2), codes
 
-        body = tar_of({"f": bytes(4 * MiB)})
 
-        def slow_body() -> Iterator[bytes]:
-            # A piece every 0.2 s until released: the upload is in the gateway's hands
-            # (spooling) all along, as a slow client's is.
-            for start in range(0, len(body), 64 * 1024):
-                if not release.is_set():
-                    release.wait(0.2)
-                yield body[start : start + 64 * 1024]
-
-        def slow_upload() -> tuple[int, str]:
-            resp = httpx.post(url, content=slow_body(), headers=h["a"], timeout=60)
-            return resp.status_code, resp.text[:300]
-
-        with ThreadPoolExecutor(8) as pool:
-            held = [pool.submit(slow_upload) for _ in range(2)]
-            try:
-                small = tar_of({"f": b"x"}, mode="w:gz")
-                seen: list[int] = []
-
-                def refused() -> bool:
-                    seen.append(_upload(stack, small, h["a"]).status_code)
-                    if seen[-1] != 429 and len(held) < 8:
-                        # This probe held a slot at the moment a slow upload arrived, which
-                        # was refused then (its answer waits for its body): one more.
-                        held.append(pool.submit(slow_upload))
-                    return seen[-1] == 429
-
-                eventually(
-                    refused,
-                    10,
-                    0.2,
-                    lambda: f"a third upload refused: {seen[-5:]}, {[f.done() for f in held]}",
-                )
-                error = _envelope(_upload(stack, small, h["a"]), 429, "too_many_concurrent_uploads")
-                assert "jobs.max_concurrent_uploads_per_key: 2" in error["message"]
-                assert _upload(stack, small, h["b"]).status_code == 200  # the neighbour's
-            finally:
-                release.set()
-            codes = sorted(f.result()[0] for f in held)
-            # Two were received (the key's two slots); any other was refused, none failed.
-            assert codes == [200, 200] + [429] * (len(held) - 2), [f.result() for f in held]
+def test_a_replica_receives_at_most_its_uploads_at_once(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """The README's jobs.max_concurrent_uploads: a replica receiving as many as it takes
+    answers the next, whoever sends it, 503 upload_capacity, and takes
+    uploads again once they end."""
+    auth, h = _keys("a", "b")
+    jobs = {"max_concurrent_uploads": 2}
+    with (
+        jobs_stack(broker, s3, model, tmp_path, auth=auth, jobs=jobs) as stack,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        slow = SlowUploads(stack, h["a"], pool)
+        slow.send(2)
+        try:
+            error = _refused_while_held(stack, slow, h["b"], 503, "upload_capacity")
+            assert "jobs.max_concurrent_uploads" in error["message"], error
+        finally:
+            codes = slow.release()
+        assert codes == [200, 200] + [503] * (len(codes) - 2), codes
+        assert _upload(stack, tar_of({"f": b"x"}, mode="w:gz"), h["b"]).status_code == 200
