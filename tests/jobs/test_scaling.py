@@ -258,7 +258,9 @@ def test_a_fleet_that_grows_and_shrinks_through_a_broker_restart_runs_each_job_o
             events = store.events(job_id, 0)
             runs = [e["run"] for e in events if e["type"] == "job.in_progress"]
             assert runs == list(range(1, len(runs) + 1)), (job_id, runs)  # one per run
-            assert final.run == runs[-1] and store.deliveries(job_id) == len(runs)
+            # (A run abandoned by a leaving worker is no failed attempt: deliveries, which
+            # count attempts, may stay 1 over two runs.)
+            assert final.run == runs[-1]
             # A job runs once, unless the worker running it left before it ended (its
             # drain, 2 s, is as long as the job): then once more, never beside the first.
             for earlier in runs[:-1]:
