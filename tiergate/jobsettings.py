@@ -190,7 +190,7 @@ class JobsSettings(_Section):
     max_outstanding_jobs: int = Field(100, ge=1)
     max_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # What one key may hold in live uploads (an expired one no longer counts), and how long
-    # an upload may be named by a new job (gateway/uploads.py says when it is deleted).
+    # an upload may be named by a new job (gateway/jobs/uploads.py says when it is deleted).
     max_uploads_per_key: int = Field(100, ge=1)
     upload_quota_bytes: int = Field(1024 * 1024 * 1024, ge=1024)
     upload_ttl_seconds: float = Field(24 * 3600.0, gt=0)
@@ -198,7 +198,7 @@ class JobsSettings(_Section):
     # the sum of their sizes (a small gzip may unpack to far more).
     max_upload_members: int = Field(20_000, ge=1)
     max_upload_unpacked_bytes: int = Field(4 * 1024 * 1024 * 1024, ge=1024)
-    # The check's own bounds (tiergate/gateway/tarcheck.py), whatever the archive claims:
+    # The check's own bounds (tiergate/gateway/jobs/tarcheck.py), whatever the archive claims:
     # decompressed bytes at most this many times the compressed ones (past the first 16
     # MiB; zeros in bzip2 are a million to one, source trees about ten), and its time.
     max_upload_ratio: float = Field(1000.0, ge=1)
@@ -217,7 +217,7 @@ class JobsSettings(_Section):
     # What one owner's reads of its jobs and batches (GET, list, the event streams' polls,
     # a batch's rollouts export) may cost a minute, in read units: one per call to object
     # storage and one per 8 KiB read, what parsing it costs the gateway
-    # (tiergate/gateway/readcost.py). A job's GET is about 3, a list of 100 about 300, one
+    # (tiergate/gateway/access/readcost.py). A job's GET is about 3, a list of 100 about 300, one
     # read of a 20,000-rollout batch (7 MB) about 900: 30,000 (500 a second) polls a
     # thousand jobs every 6 s, or reads such a batch every 2 s at most (about 15% of a
     # core). Past it a GET is a 429 and a stream waits. Counted in Redis with

@@ -129,7 +129,7 @@ class ObjectStore:
 
     def metered(self, fn: Callable[..., _T], *args: Any) -> tuple[_T, Meter]:
         """``fn(*args)``, run here, and what its calls to this store cost (for a caller's
-        read budget, tiergate.gateway.readcost). A failing ``fn`` raises as it would."""
+        read budget, tiergate.gateway.access.readcost). A failing ``fn`` raises as it would."""
         outer = getattr(self._metering, "meter", None)
         meter = Meter()
         self._metering.meter = meter

@@ -18,7 +18,7 @@ from typing import Any
 import schemathesis
 
 from tests.fakes.fake_vllm import MODEL
-from tiergate.gateway.routes import ROUTES, RouteKind
+from tiergate.gateway.openai.routes import ROUTES, RouteKind
 
 POOLING_MODEL = "fake-embed"
 

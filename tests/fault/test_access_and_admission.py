@@ -14,7 +14,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
 from tests.waiting import eventually
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

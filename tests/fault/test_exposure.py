@@ -12,7 +12,7 @@ import httpx
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.servers import free_port, gateway_settings, running_gateway
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 from tiergate.settings import GatewaySettings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

@@ -23,7 +23,7 @@ from tests.fakes.fake_vllm import FakeVllm
 from tests.fault.openapi_fuzz_hooks import POOLING_MODEL
 from tests.jobstack import jobs_stack
 from tests.servers import gateway_settings, running_gateway
-from tiergate.gateway.routes import ROUTES
+from tiergate.gateway.openai.routes import ROUTES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import httpx
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 SAME_ID = "client-chosen-id-1"

@@ -13,7 +13,7 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The proxied requests' HTTP client (tiergate.gateway.upstreamhttp): connections reused
+"""The proxied requests' HTTP client (tiergate.gateway.openai.upstreamhttp): connections reused
 and sent without delay against a fake vLLM, and, against raw fake servers written here for
 fault injection, what it does when a server closes, cuts, stalls or streams."""
 
@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tiergate.gateway.upstreamhttp import (
+from tiergate.gateway.openai.upstreamhttp import (
     Origin,
     UpstreamClient,
     UpstreamDisconnected,

@@ -15,8 +15,8 @@ import httpx
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.servers import gateway_settings, running_gateway
-from tiergate.gateway.admission import Gate
-from tiergate.gateway.gatekeeper import admission_rank
+from tiergate.gateway.access.admission import Gate
+from tiergate.gateway.access.gatekeeper import admission_rank
 from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, JOB_URGENCY, PRIORITY_URGENCY
 
 CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from pydantic import TypeAdapter
 
-from tiergate.gateway.auth import hash_key
+from tiergate.gateway.access.auth import hash_key
 from tiergate.settings import ApiKey, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from tests.helm.chart import (
     secret_values,
 )
 from tiergate import chartschema
-from tiergate.gateway.auth import hash_key
+from tiergate.gateway.access.auth import hash_key
 from tiergate.settings import Settings
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 from tiergate.settings import ApiKey
 
 

@@ -16,7 +16,7 @@ import httpx
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, topic_messages
 from tests.waiting import eventually
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.runner import JobRunner

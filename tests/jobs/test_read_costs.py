@@ -1,6 +1,6 @@
 """Reads have a cost limit per owner (issue 33 item 3): a key that polls its jobs as hard
 as it can is held to ``jobs.read_units_per_minute``, charged what each read really cost
-in object-store calls and bytes (tiergate/gateway/readcost.py), and another key's reads
+in object-store calls and bytes (tiergate/gateway/access/readcost.py), and another key's reads
 go on untouched. Through a real gateway, Kafka and S3."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
-from tiergate.gateway.readcost import UNIT_BYTES, units
+from tiergate.gateway.access.readcost import UNIT_BYTES, units
 from tiergate.objectstore import ObjectStore
 from tiergate.protocol.batches import Batch, Rollout
 from tiergate.queue.batches.store import BatchStore

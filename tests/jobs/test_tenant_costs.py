@@ -29,8 +29,8 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
 from tests.jobstack import JobsStack, jobs_stack, jobs_tree, topic_messages
 from tests.waiting import eventually
-from tiergate.gateway.auth import new_key
-from tiergate.gateway.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
+from tiergate.gateway.access.auth import new_key
+from tiergate.gateway.jobs.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge
 from tiergate.queue.store import JobStore

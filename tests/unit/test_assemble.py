@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tiergate.gateway.assemble import AnswerAssembler, assembles
+from tiergate.gateway.openai.assemble import AnswerAssembler, assembles
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
 

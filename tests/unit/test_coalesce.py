@@ -1,5 +1,5 @@
 """The client connection's writes of one pass of the event loop leave in one send
-(tiergate.gateway.coalesce): on a recording fake transport, and under a real uvicorn
+(tiergate.gateway.openai.coalesce): on a recording fake transport, and under a real uvicorn
 server whose real transport's writes are counted."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 
 from tests.waiting import eventually
-from tiergate.gateway.coalesce import (
+from tiergate.gateway.openai.coalesce import (
     FLUSH_AT_BYTES,
     CoalescingHttpToolsProtocol,
     CoalescingTransport,

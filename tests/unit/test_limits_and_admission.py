@@ -5,10 +5,10 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from tiergate.gateway.admission import Gate
-from tiergate.gateway.auth import Authenticator, hash_key, new_key
+from tiergate.gateway.access.admission import Gate
+from tiergate.gateway.access.auth import Authenticator, hash_key, new_key
+from tiergate.gateway.access.limits import LocalLimiter, duration
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.limits import LocalLimiter, duration
 from tiergate.settings import ApiKey, AuthSettings, KeyLimits
 from tiergate.tiers import Tier
 

@@ -15,7 +15,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from tiergate.gateway import openapi
-from tiergate.gateway.routes import ROUTES
+from tiergate.gateway.openai.routes import ROUTES
 
 LIMIT = 4096
 DOC_URI = "urn:tiergate:openapi"

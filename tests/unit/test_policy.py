@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tiergate.gateway.auth import ANONYMOUS, Caller
+from tiergate.gateway.access.auth import ANONYMOUS, Caller
+from tiergate.gateway.access.policy import AskedTier, Needs, Reason, TierDecision, TierPolicy
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.policy import AskedTier, Needs, Reason, TierDecision, TierPolicy
 from tiergate.settings import ApiKey, PolicySettings
 from tiergate.tiers import Tier
 

@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.selection import receive_body
+from tiergate.gateway.openai.selection import receive_body
 
 
 def _receive(*messages: dict[str, Any]) -> Any:

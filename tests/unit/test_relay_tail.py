@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from tiergate.gateway.relay import usage_in_tail
+from tiergate.gateway.openai.relay import usage_in_tail
 
 
 def test_usage_is_read_from_the_answers_end() -> None:

@@ -11,8 +11,8 @@ import uvicorn
 from typer.testing import CliRunner
 
 from tiergate import cli
-from tiergate.gateway.coalesce import CoalescingHttpToolsProtocol
-from tiergate.gateway.requestids import client_request_id
+from tiergate.gateway.openai.coalesce import CoalescingHttpToolsProtocol
+from tiergate.gateway.openai.requestids import client_request_id
 from tiergate.gateway.serving import connection_cap, uvicorn_options
 from tiergate.settings import Settings, SettingsError, load_settings
 

@@ -1,4 +1,4 @@
-"""The gateway's upload check (tiergate/gateway/tarcheck.py): the same verdict as tarfile on
+"""The gateway's upload check (tiergate/gateway/jobs/tarcheck.py): the same verdict as tarfile on
 ordinary archives, and bounded memory and work on the bombs of issue 33 (the archives are
 in tests/data/bombs, made by its make.py)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.gateway.tarcheck import (
+from tiergate.gateway.jobs.tarcheck import (
     MAX_META_BYTES,
     ArchiveRefused,
     CheckLimits,

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.taskfile import check_tasks, write_request
+from tiergate.gateway.jobs.taskfile import check_tasks, write_request
 from tiergate.protocol.batches import BatchCreate, BatchTask
 
 TASK = {"domain": "d", "task_id": "t", "model": "m", "instruction": "do it"}

@@ -3,11 +3,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tiergate.gateway.auth import ANONYMOUS
+from tiergate.gateway.access.auth import ANONYMOUS
+from tiergate.gateway.access.policy import TierPolicy
 from tiergate.gateway.errors import OpenAIError, from_upstream
-from tiergate.gateway.policy import TierPolicy
-from tiergate.gateway.routes import ROUTES
-from tiergate.gateway.selection import fast_compatible, inspect, upstream_body
+from tiergate.gateway.openai.routes import ROUTES
+from tiergate.gateway.openai.selection import fast_compatible, inspect, upstream_body
 from tiergate.settings import PolicySettings
 from tiergate.tiers import Tier, UnknownTierError, parse_requested_tier
 

@@ -1,4 +1,4 @@
-"""A relay's write deadline (tiergate.gateway.relay._WriteDeadline): one timer per answer
+"""A relay's write deadline (tiergate.gateway.openai.relay._WriteDeadline): one timer per answer
 cuts the write that waits ``seconds``, at that moment, and never a client that is slow
 but takes each write in time."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tiergate.gateway.relay import _WriteDeadline
+from tiergate.gateway.openai.relay import _WriteDeadline
 
 # Margins of 150 ms or more: a pause of the process longer than a margin would fire both
 # timers in one turn of the loop, and a busy CI machine can pause a test that long.

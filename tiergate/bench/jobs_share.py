@@ -33,7 +33,7 @@ from tiergate.bench.gateway import cpu_model
 from tiergate.bench.jobs_fleet import CONCURRENCY
 from tiergate.bench.jobs_stack import JobsStack, job_body, keep_logs, new_work_dir, say
 from tiergate.bench.report import write_report
-from tiergate.gateway.auth import new_key
+from tiergate.gateway.access.auth import new_key
 from tiergate.queue.store import JobStore
 
 TENANTS = ("alice", "bob")

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.bench.report import write_report
-from tiergate.gateway.admission import Admission
-from tiergate.gateway.auth import new_key
-from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.limits import Limiter
+from tiergate.gateway.access.admission import Admission
+from tiergate.gateway.access.auth import new_key
+from tiergate.gateway.access.gatekeeper import Gatekeeper
+from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.selection import inspect
+from tiergate.gateway.openai.selection import inspect
 from tiergate.measure.ports import free_ports, port_open
 from tiergate.measure.wait import wait_until
 from tiergate.settings import load_settings

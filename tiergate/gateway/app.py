@@ -22,19 +22,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
 from tiergate.gateway import openapi
-from tiergate.gateway.admission import Admission
-from tiergate.gateway.batches import BatchesAPI
+from tiergate.gateway.access.admission import Admission
+from tiergate.gateway.access.gatekeeper import Gatekeeper
+from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.jobroutes import add_job_components, register_job_routes
-from tiergate.gateway.jobs import JobsAPI
-from tiergate.gateway.limits import Limiter
+from tiergate.gateway.jobs.api import JobsAPI
+from tiergate.gateway.jobs.batches import BatchesAPI
+from tiergate.gateway.jobs.routes import add_job_components, register_job_routes
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
 from tiergate.gateway.metricsport import MetricsListener
+from tiergate.gateway.openai.proxy import CompletionsProxy
+from tiergate.gateway.openai.routes import ROUTES, Route
+from tiergate.gateway.openai.upstreamhttp import UpstreamClient
 from tiergate.gateway.opsroutes import register_ops_routes
-from tiergate.gateway.proxy import CompletionsProxy
-from tiergate.gateway.routes import ROUTES, Route
 from tiergate.gateway.serving import BodyReadDeadline
 from tiergate.gateway.state import (
     GatewayState,
@@ -43,7 +44,6 @@ from tiergate.gateway.state import (
     install_gateway_state,
 )
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
-from tiergate.gateway.upstreamhttp import UpstreamClient
 from tiergate.queue.pipeline import JobQueue
 from tiergate.queue.store import JobStore
 from tiergate.settings import Settings
@@ -118,7 +118,7 @@ async def _completion_endpoint(
 def upstream_session() -> aiohttp.ClientSession:
     """The client of the pools' own requests to the engines (health checks, load scrapes,
     model and route lists); the proxied requests go through
-    :class:`~tiergate.gateway.upstreamhttp.UpstreamClient`. Connections kept alive and
+    :class:`~tiergate.gateway.openai.upstreamhttp.UpstreamClient`. Connections kept alive and
     reused (no limit on how many, 30 s idle), each with TCP_NODELAY (aiohttp sets it on
     every connection it opens). No cookie jar: a cookie one answer set (a sticky load
     balancer's in front of the engines) must not ride on later requests (aiohttp's default

@@ -18,8 +18,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.admission import Admission
-from tiergate.gateway.limits import Limiter
+from tiergate.gateway.access.admission import Admission
+from tiergate.gateway.access.limits import Limiter
 from tiergate.tiers import Tier
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tiergate.gateway.routes import ROUTES, Route, StreamEnd
+from tiergate.gateway.openai.routes import ROUTES, Route, StreamEnd
 from tiergate.tiers import ACCEPTED_WORDS, Tier
 
 ERROR_ENVELOPE: dict[str, Any] = {
@@ -304,7 +304,7 @@ _SERVICE_TIER_FIELD: dict[str, Any] = {
 }
 
 
-# The fields the gateway refuses empty (tiergate/gateway/emptyinput.py), per route.
+# The fields the gateway refuses empty (tiergate/gateway/openai/emptyinput.py), per route.
 _NON_EMPTY = {
     "/v1/chat/completions": ("messages",),
     "/v1/completions": ("prompt",),

@@ -17,7 +17,7 @@ What bounds a slow or idle client:
   with no answer. uvicorn has no such timeout (its keep-alive timer is cancelled by any
   byte received, so a connection that sends nothing, or its headers byte by byte, was
   held open for good); the gateway's protocol keeps one timer per request for it
-  (:class:`~tiergate.gateway.coalesce.CoalescingHttpToolsProtocol`). A proxy in front
+  (:class:`~tiergate.gateway.openai.coalesce.CoalescingHttpToolsProtocol`). A proxy in front
   may bound headers too (nginx's ``client_header_timeout``); this one holds without it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tiergate.gateway.coalesce import CoalescingHttpToolsProtocol
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.openai.coalesce import CoalescingHttpToolsProtocol
 from tiergate.settings import GatewaySettings
 
 
@@ -44,7 +44,7 @@ def uvicorn_options(gateway: GatewaySettings) -> dict[str, Any]:
     httptools is missing): both are dependencies of the gateway, and a missing one fails
     at start instead of silently costing throughput. The protocol is uvicorn's httptools
     one over a transport that sends a response's head and body in one write, with the
-    header read timeout (:mod:`tiergate.gateway.coalesce`); a ``functools.partial`` of
+    header read timeout (:mod:`tiergate.gateway.openai.coalesce`); a ``functools.partial`` of
     the class, which uvicorn calls as it would the class, and which pickles (``--workers``
     sends the options to spawned processes).
 

@@ -15,11 +15,11 @@ from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.batches import BatchesAPI
-from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.jobs import JobsAPI
+from tiergate.gateway.access.gatekeeper import Gatekeeper
+from tiergate.gateway.jobs.api import JobsAPI
+from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.proxy import CompletionsProxy
+from tiergate.gateway.openai.proxy import CompletionsProxy
 from tiergate.gateway.tierinfo import TierEvidence
 from tiergate.settings import Settings
 from tiergate.tiers import Tier

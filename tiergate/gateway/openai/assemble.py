@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tiergate.gateway.errors import from_upstream
-from tiergate.gateway.upstreamhttp import UpstreamDisconnected
+from tiergate.gateway.openai.upstreamhttp import UpstreamDisconnected
 from tiergate.settings import TimeoutSettings
 
 if TYPE_CHECKING:  # selection imports this module, and upstream imports selection
-    from tiergate.gateway.upstream import Opened
+    from tiergate.gateway.openai.upstream import Opened
 
 # Request fields whose non-streamed answer differs from an assembled stream.
 _NOT_ASSEMBLED = (

@@ -6,8 +6,8 @@ and stream events with ``sequence_number`` (resume with ``starting_after``). Wit
 on, a job (and an uploaded workspace) exists only for the key that created it. Every
 state change goes through :class:`JobLifecycle`; every storage or broker failure is a 503
 with ``retry-after`` that names no bucket, key or address. What a tenant's uploads and
-event streams may cost is bounded in :mod:`~tiergate.gateway.uploads` and
-:mod:`~tiergate.gateway.eventstream`; a job whose queue message would be over
+event streams may cost is bounded in :mod:`~tiergate.gateway.jobs.uploads` and
+:mod:`~tiergate.gateway.jobs.eventstream`; a job whose queue message would be over
 ``jobs.kafka.max_request_size`` is a 413 before anything is written.
 """
 
@@ -26,15 +26,15 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
+from tiergate.gateway.access.gatekeeper import Gatekeeper
+from tiergate.gateway.access.policy import AskedTier, Needs, Reason
+from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.eventstream import EventStreams
-from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.policy import AskedTier, Needs, Reason
-from tiergate.gateway.readcost import ReadBudget
-from tiergate.gateway.reserve import Reservations, Ticket
-from tiergate.gateway.selection import parse_body, read_body
-from tiergate.gateway.uploads import Uploads
+from tiergate.gateway.jobs.eventstream import EventStreams
+from tiergate.gateway.jobs.reserve import Reservations, Ticket
+from tiergate.gateway.jobs.uploads import Uploads
+from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
@@ -119,7 +119,7 @@ class JobsAPI:
 
     async def read(self, caller: Caller, fn: Any, *args: Any) -> Any:
         """A read of the caller's own jobs or batches: charged to its owner's read budget
-        (tiergate.gateway.readcost; a 429 when spent)."""
+        (tiergate.gateway.access.readcost; a 429 when spent)."""
         return await self.reads.read(caller, self.storage, fn, *args)
 
     def caller(self, request: Request) -> Caller:
@@ -222,7 +222,7 @@ class JobsAPI:
     async def _admit(self, caller: Caller, ticket: Ticket) -> tuple[str, dict[str, str]]:
         """A new job's id and rate-limit headers, once the submission is counted against
         the key's requests per minute (429 when over) and its outstanding jobs, with the
-        creates of the key that took their ticket first (tiergate.gateway.reserve), are
+        creates of the key that took their ticket first (tiergate.gateway.jobs.reserve), are
         under the cap (429 when at it): what create and replay both check."""
         job_id = f"job_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, job_id)
@@ -377,7 +377,7 @@ class JobsAPI:
 
     async def upload(self, request: Request) -> Response:
         """A starting workspace (a tar archive, optionally compressed) for this key's jobs;
-        received as :mod:`~tiergate.gateway.uploads` says."""
+        received as :mod:`~tiergate.gateway.jobs.uploads` says."""
         answer, headers = await self._uploads.receive(self.caller(request), request)
         return json_response(answer, headers=headers)
 

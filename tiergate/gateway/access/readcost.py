@@ -6,7 +6,7 @@ gateway, and a key may hold 16 event streams polling. So every such read runs me
 (:meth:`tiergate.objectstore.ObjectStore.metered`) and is charged to the owner's bucket in
 **read units**: one per call to object storage, one per :data:`UNIT_BYTES` read.
 
-The bucket is a token bucket in the shared limiter (:class:`tiergate.gateway.limits.Limiter`:
+The bucket is a token bucket in the shared limiter (:class:`tiergate.gateway.access.limits.Limiter`:
 in Redis across replicas when configured, in this process otherwise), under a name of its
 own per owner, so it never touches the key's request or token limits. A read starts when
 the bucket holds at least one unit and is then charged what it really cost, which may
@@ -23,9 +23,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
+from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.limits import Decision, Limiter
 from tiergate.objectstore import Meter, ObjectStore
 from tiergate.settings import KeyLimits
 

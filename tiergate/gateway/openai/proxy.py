@@ -1,5 +1,5 @@
 """The handler of every proxied route: inspect, decide the tier, open upstream, answer or
-relay. Routes differ only as their :class:`~tiergate.gateway.routes.Route` says."""
+relay. Routes differ only as their :class:`~tiergate.gateway.openai.routes.Route` says."""
 
 from __future__ import annotations
 
@@ -13,38 +13,38 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.assemble import read_assembled
-from tiergate.gateway.auth import ON_BEHALF_OF, Caller
-from tiergate.gateway.clientwatch import ClientGone, DisconnectWatch
+from tiergate.gateway.access.auth import ON_BEHALF_OF, Caller
+from tiergate.gateway.access.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.errors import OpenAIError, from_upstream
-from tiergate.gateway.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.relay import BodyRelay, RelayResponse
-from tiergate.gateway.requestids import (
+from tiergate.gateway.openai.assemble import read_assembled
+from tiergate.gateway.openai.clientwatch import ClientGone, DisconnectWatch
+from tiergate.gateway.openai.relay import BodyRelay, RelayResponse
+from tiergate.gateway.openai.requestids import (
     INTERNAL_ID_HEADER,
     REQUEST_ID_HEADER,
     RequestIds,
     client_request_id,
 )
-from tiergate.gateway.routes import ROUTES, StreamEnd
-from tiergate.gateway.selection import (
+from tiergate.gateway.openai.routes import ROUTES, StreamEnd
+from tiergate.gateway.openai.selection import (
     TIER_HEADER,
     InspectedRequest,
     inspect,
     receive_body,
     upstream_body,
 )
-from tiergate.gateway.streaming import (
+from tiergate.gateway.openai.streaming import (
     ChunkRewriter,
     EventStreamResponse,
     ResponseEventRewriter,
     StreamOutcome,
     relay_events,
 )
-from tiergate.gateway.upstream import Opened, UpstreamCaller
-from tiergate.gateway.upstreamhttp import UpstreamClient
-from tiergate.gateway.wire import JSONAnswer, wanted_headers
+from tiergate.gateway.openai.upstream import Opened, UpstreamCaller
+from tiergate.gateway.openai.upstreamhttp import UpstreamClient
+from tiergate.gateway.openai.wire import JSONAnswer, wanted_headers
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 
@@ -78,7 +78,7 @@ class RequestContext:
 
 
 class CompletionsProxy:
-    """Serves every route of :data:`~tiergate.gateway.routes.ROUTES` over the tier pools."""
+    """Serves every route of :data:`~tiergate.gateway.openai.routes.ROUTES` over the tier pools."""
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
 """Reading what the gateway acts on from a request body: model, stream, the asked tier,
-the prompt's size and prefix. The tier itself is decided by :mod:`tiergate.gateway.policy`."""
+the prompt's size and prefix. The tier itself is decided by
+:mod:`tiergate.gateway.access.policy`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
-from tiergate.gateway.assemble import assembles
-from tiergate.gateway.emptyinput import refuse_empty_input
+from tiergate.gateway.access.policy import AskedTier, Needs, Reason
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.policy import AskedTier, Needs, Reason
-from tiergate.gateway.routes import ROUTES, Route
+from tiergate.gateway.openai.assemble import assembles
+from tiergate.gateway.openai.emptyinput import refuse_empty_input
+from tiergate.gateway.openai.routes import ROUTES, Route
 from tiergate.tiers import ACCEPTED_WORDS, UnknownTierError, parse_requested_tier, urgency_of
 
 TIER_HEADER = "x-tiergate-tier"
@@ -36,7 +37,7 @@ class InspectedRequest:
     prefix_key: int | None
     prompt_chars: int
     # Non-streamed, but asked of the engine as a stream and assembled by the gateway
-    # (tiergate.gateway.assemble), so that time-outs measure liveness, not length.
+    # (tiergate.gateway.openai.assemble), so that time-outs measure liveness, not length.
     assembled: bool = False
 
     @property

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import PolicySettings
 from tiergate.tiers import DEFAULT_URGENCY, JOB_URGENCY, Tier

@@ -8,9 +8,9 @@ from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
-from tiergate.gateway.batches import BatchesAPI
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs import JobsAPI
+from tiergate.gateway.jobs.api import JobsAPI
+from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.state import gateway_state
 from tiergate.protocol import JobCreate
 from tiergate.protocol.batches import BatchCreate

@@ -18,13 +18,13 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs import JobsAPI, _invalid, json_response
-from tiergate.gateway.reserve import Reservations, Ticket
-from tiergate.gateway.selection import parse_body, read_body
-from tiergate.gateway.taskfile import TaskSummary, write_request
-from tiergate.gateway.uploads import BATCH_TASKS
+from tiergate.gateway.jobs.api import JobsAPI, _invalid, json_response
+from tiergate.gateway.jobs.reserve import Reservations, Ticket
+from tiergate.gateway.jobs.taskfile import TaskSummary, write_request
+from tiergate.gateway.jobs.uploads import BATCH_TASKS
+from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
 from tiergate.queue.batches.export import rollout_record
 from tiergate.queue.batches.store import BatchStore
@@ -128,7 +128,7 @@ class BatchesAPI:
     async def _admit(self, caller: Caller, ticket: Ticket) -> dict[str, str]:
         """Count the create against the key's requests per minute (429 when over) and its
         unfinished batches, with the creates of the key that took their ticket first
-        (tiergate.gateway.reserve), against jobs.max_active_batches (429); the rate-limit
+        (tiergate.gateway.jobs.reserve), against jobs.max_active_batches (429); the rate-limit
         headers."""
         headers = await self._jobs.count(caller)
         limit = self._settings.max_active_batches
@@ -145,14 +145,14 @@ class BatchesAPI:
         return headers
 
     async def upload_tasks(self, request: Request) -> Response:
-        """A tasks file (tiergate.gateway.taskfile), received as a workspace upload is."""
+        """A tasks file (tiergate.gateway.jobs.taskfile), received as a workspace upload is."""
         caller = self._jobs.caller(request)
         answer, headers = await self._jobs.uploads.receive(caller, request, BATCH_TASKS)
         return json_response(answer, headers=headers)
 
     async def _uploaded_tasks(self, caller: Caller, spec: BatchCreate, out: Path) -> TaskSummary:
         """The batch's request, with the tasks of its upload, written to ``out`` a task at a
-        time as each is read and checked (tiergate.gateway.taskfile.write_request): the
+        time as each is read and checked (tiergate.gateway.jobs.taskfile.write_request): the
         gateway never holds them whole."""
         upload_id = spec.tasks_upload_id
         assert upload_id is not None

@@ -1,5 +1,5 @@
 """Workspace uploads (``POST /v1/jobs/workspaces``) as the calling key's own cost; a
-batch's tasks file (``POST /v1/jobs/batches/tasks``, tiergate.gateway.taskfile) is an
+batch's tasks file (``POST /v1/jobs/batches/tasks``, tiergate.gateway.jobs.taskfile) is an
 upload of another kind (:data:`BATCH_TASKS`), under the same quota, count and time to live.
 
 An upload counts as one request against the key's requests per minute, as a job
@@ -44,11 +44,11 @@ from typing import IO, Any
 
 from fastapi import Request
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
+from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.gatekeeper import Gatekeeper
-from tiergate.gateway.tarcheck import ArchiveRefused, CheckLimits, CheckStopped, check_tar
-from tiergate.gateway.taskfile import check_tasks
+from tiergate.gateway.jobs.tarcheck import ArchiveRefused, CheckLimits, CheckStopped, check_tar
+from tiergate.gateway.jobs.taskfile import check_tasks
 from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 

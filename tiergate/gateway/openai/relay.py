@@ -18,7 +18,7 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from tiergate.gateway.upstream import Opened
+from tiergate.gateway.openai.upstream import Opened
 
 # Where a JSON answer's usage object is looked for: its last bytes (vLLM puts it last).
 _TAIL_BYTES = 4096

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from tiergate.backends.endpoint import Endpoint
 from tiergate.backends.pool import TierPool
+from tiergate.gateway.access.policy import TierDecision
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.policy import TierDecision
-from tiergate.gateway.selection import InspectedRequest
-from tiergate.gateway.upstreamhttp import Origin, UpstreamClient, UpstreamResponse
+from tiergate.gateway.openai.selection import InspectedRequest
+from tiergate.gateway.openai.upstreamhttp import Origin, UpstreamClient, UpstreamResponse
 from tiergate.settings import PolicySettings, TimeoutSettings
 from tiergate.tiers import Tier
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from tiergate.gateway.auth import ON_BEHALF_OF
-from tiergate.gateway.requestids import REQUEST_ID_HEADER
-from tiergate.gateway.selection import TIER_HEADER
+from tiergate.gateway.access.auth import ON_BEHALF_OF
+from tiergate.gateway.openai.requestids import REQUEST_ID_HEADER
+from tiergate.gateway.openai.selection import TIER_HEADER
 
 
 class JSONAnswer(Response):
@@ -21,7 +21,7 @@ class JSONAnswer(Response):
     ``after``: the request's bookkeeping (metrics, the access log line), run once the
     answer is handed to the connection, in a callback of its own: the client's answer
     does not wait for it. The connection's send of this pass of the loop
-    (:mod:`tiergate.gateway.coalesce`) was scheduled first, so it goes out before."""
+    (:mod:`tiergate.gateway.openai.coalesce`) was scheduled first, so it goes out before."""
 
     media_type = "application/json"
 

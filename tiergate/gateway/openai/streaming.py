@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import orjson
 
 from tiergate.gateway.errors import from_upstream, sse_error_event
-from tiergate.gateway.relay import RelayResponse
-from tiergate.gateway.upstream import Opened
+from tiergate.gateway.openai.relay import RelayResponse
+from tiergate.gateway.openai.upstream import Opened
 
 _DONE = b"data: [DONE]\n\n"
 

@@ -6,13 +6,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiergate.gateway.admission import Admission, Ticket
-from tiergate.gateway.auth import Authenticator, Caller
+from tiergate.gateway.access.admission import Admission, Ticket
+from tiergate.gateway.access.auth import Authenticator, Caller
+from tiergate.gateway.access.limits import Decision, Limiter
+from tiergate.gateway.access.policy import RouteSupport, TierDecision, TierPolicy
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.limits import Decision, Limiter
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.policy import RouteSupport, TierDecision, TierPolicy
-from tiergate.gateway.selection import InspectedRequest
+from tiergate.gateway.openai.selection import InspectedRequest
 from tiergate.settings import KeyLimits, Settings
 from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, Tier
 

@@ -9,7 +9,7 @@ a key's streams from slowing every other tenant:
   streams for no gain);
 - the polls back off while nothing happens: :data:`FIRST_POLL_SECONDS`, growing by
   :data:`BACKOFF` to :data:`MAX_POLL_SECONDS`, back to the first as soon as an event comes;
-- every read is charged to the owner's read budget (tiergate.gateway.readcost): the
+- every read is charged to the owner's read budget (tiergate.gateway.access.readcost): the
   first one, before the response starts, is a 429 past it, and the polls after it wait
   for the budget instead, so a key's streams slow down together and never another key's;
 - they run on a bounded thread pool of their own (``jobs.stream_threads``, made in the
@@ -28,9 +28,9 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tiergate.gateway.auth import Caller
+from tiergate.gateway.access.auth import Caller
+from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.readcost import ReadBudget
 from tiergate.protocol import TERMINAL_EVENTS, TERMINAL_STATUSES, Batch
 from tiergate.queue.store import JobStore, StorageError
 
