@@ -14,9 +14,9 @@ from kafka import KafkaConsumer
 
 from tests.servers import free_port, gateway_settings, running_gateway
 from tests.waiting import eventually
+from tiergate.jobs.run.worker import Worker
+from tiergate.jobs.state.store import JobStore
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.store import JobStore
-from tiergate.queue.worker import Worker
 from tiergate.settings import JobsSettings, Settings
 
 

@@ -136,17 +136,17 @@ class WorkerSettings(_Section):
     # gateway answered 401, so that a rotated key is used without a restart.
     api_key_file: str | None = None
     protocol: Literal["text", "tools"] = "text"
-    # GET /metrics and GET /healthz (tiergate.queue.observe_http); port 0 picks a free one.
+    # GET /metrics and GET /healthz (tiergate.jobs.run.observe_http); port 0 picks a free one.
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9400, ge=0, le=65535)
     # /healthz fails when an idle worker thread has not beaten for this long.
     heartbeat_stale_seconds: float = Field(120.0, gt=0)
-    # A run's lease (tiergate.queue.lease): beaten every third of this; a run whose beat
+    # A run's lease (tiergate.jobs.state.lease): beaten every third of this; a run whose beat
     # stopped this long (a worker killed, frozen or cut off from the store) is taken over
     # by the job's next pickup, and a run taken over writes nothing more.
     lease_seconds: float = Field(30.0, ge=1.0)
     # A worker with a free slot whose own partitions gave it nothing this long takes over
-    # queued jobs from busy workers' partitions (tiergate.queue.steal); 0 turns it off.
+    # queued jobs from busy workers' partitions (tiergate.jobs.run.steal); 0 turns it off.
     # Only once its group assignment is known; a copy of a message whose attempt already
     # failed is skipped (the job's retry is the next attempt's message).
     steal_after_seconds: float = Field(2.0, ge=0)
@@ -166,7 +166,7 @@ class JobCaps(_Section):
 
 
 class BreakerSettings(_Section):
-    """Circuit breakers per environment (tiergate.queue.breaker): consecutive
+    """Circuit breakers per environment (tiergate.jobs.state.breaker): consecutive
     infrastructure failures open one, shared by every worker through object storage."""
 
     enabled: bool = True
@@ -227,7 +227,7 @@ class JobsSettings(_Section):
     # The most of the fleet's running jobs one key may hold while another key's jobs wait
     # (1: no share; a key alone uses the whole fleet either way), how long a job over it
     # waits before its message comes back, and how often a worker lists who runs and who
-    # waits (tiergate/queue/share.py).
+    # waits (tiergate/jobs/state/share.py).
     fleet_share: float = Field(0.5, gt=0, le=1)
     fleet_share_retry_seconds: float = Field(5.0, gt=0)
     fleet_share_refresh_seconds: float = Field(2.0, ge=0)

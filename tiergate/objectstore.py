@@ -1,7 +1,7 @@
 """The one boundary to S3-compatible object storage. The jobs
-(:class:`tiergate.queue.store.JobStore`), the environments
+(:class:`tiergate.jobs.state.store.JobStore`), the environments
 (:class:`tiergate.envs.registry.Registry`) and the breakers
-(:class:`tiergate.queue.breaker.BreakerBoard`) each lay out their own keys under
+(:class:`tiergate.jobs.state.breaker.BreakerBoard`) each lay out their own keys under
 :attr:`ObjectStore.prefix` and read and write them here, so boto3 is met in this module
 only and its errors are translated once.
 

@@ -1,10 +1,10 @@
-"""The environment breaker's alert (tiergate.queue.breaker) renders and reads the metric
+"""The environment breaker's alert (tiergate.jobs.state.breaker) renders and reads the metric
 the worker exports."""
 
 from __future__ import annotations
 
 from tests.helm.chart import VALUES, find, render
-from tiergate.queue.observe import WorkerMetrics
+from tiergate.jobs.run.observe import WorkerMetrics
 
 
 def test_breaker_alert_renders_and_reads_the_workers_metric() -> None:

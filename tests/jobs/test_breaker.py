@@ -1,4 +1,4 @@
-"""Circuit breakers per environment (tiergate.queue.breaker): the state machine on a real
+"""Circuit breakers per environment (tiergate.jobs.state.breaker): the state machine on a real
 S3 server (SeaweedFS) with concurrent writers, and end to end through the gateway, Kafka
 (Tansu) and workers: it opens after the configured failures, fails new jobs fast, lets one
 probe through after the cool-down and closes when the probe works."""
@@ -22,11 +22,11 @@ from tests.jobstack import JobsStack, jobs_stack
 from tests.waiting import eventually
 from tiergate.envs.build import Built
 from tiergate.envs.registry import Registry
+from tiergate.jobs.run.observe import WorkerMetrics
+from tiergate.jobs.state.breaker import Breaker, BreakerBoard, command
+from tiergate.jobs.state.store import JobStore
 from tiergate.objectstore import ObjectStore
 from tiergate.protocol import JobCreate
-from tiergate.queue.breaker import Breaker, BreakerBoard, command
-from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 
 BROKEN = {

@@ -16,10 +16,10 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.local.jobs import start_worker
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import Job
-from tiergate.queue.store import JobStore, StorageError
 
 JOBS = 50
 

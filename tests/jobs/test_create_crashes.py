@@ -20,11 +20,11 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
 from tests.waiting import eventually
+from tiergate.jobs.run.runner import JobRunner
+from tiergate.jobs.state.store import JobStore
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.runner import JobRunner
-from tiergate.queue.store import JobStore
 
 TASK: dict[str, Any] = {
     "model": MODEL,
@@ -34,7 +34,7 @@ TASK: dict[str, Any] = {
 }
 ENDED = ("completed", "failed", "cancelled", "incomplete")
 REQUEUE = 3.0  # requeue_after_seconds: the sweep re-sends, or drops a marker, after it
-# The create's writes, in order (tiergate.queue.store.JobStore.create), then its message.
+# The create's writes, in order (tiergate.jobs.state.store.JobStore.create), then its message.
 POINTS = ["pending", "spec", "index", "status", "message"]
 
 

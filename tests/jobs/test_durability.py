@@ -16,14 +16,14 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tests.servers import free_port, running_gateway
 from tests.waiting import eventually
+from tiergate.jobs.run.runner import JobRunner
+from tiergate.jobs.run.worker import Worker
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.store import JobStore
+from tiergate.jobs.state.sweep import Sweeper
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import JobCreate, JobMessage
-from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.runner import JobRunner
-from tiergate.queue.store import JobStore
-from tiergate.queue.sweep import Sweeper
-from tiergate.queue.worker import Worker
 from tiergate.sandbox.cgroup import find_parent
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"
@@ -185,7 +185,7 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_after_max_attempts(
         final = httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()
         assert final["status"] == "failed" and final["error"]["code"] == "crashed_workers"
         assert model.record.requests == 0  # it did not run a third time
-        # The sandbox made as it was picked up (tiergate.queue.runner) is gone with its
+        # The sandbox made as it was picked up (tiergate.jobs.run.runner) is gone with its
         # waiting first process: no workspace, no cgroup left behind.
         assert not list(Path(stack.jobs.sandbox.work_dir).glob(f"{job['id']}*"))
         parent = find_parent(stack.jobs.sandbox)

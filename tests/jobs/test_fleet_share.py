@@ -1,4 +1,4 @@
-"""Each key's share of the fleet (issue 33, item 3; tiergate/queue/share.py): one key's
+"""Each key's share of the fleet (issue 33, item 3; tiergate/jobs/state/share.py): one key's
 backlog of long jobs filled every slot for as long as it lasted. Two keys here, one
 worker of four slots, ``jobs.fleet_share`` 0.5: the first key alone uses all four; once
 the second's jobs wait, the first holds at most two while they do, its jobs over the
@@ -19,7 +19,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tests.waiting import eventually
-from tiergate.queue.store import JobStore
+from tiergate.jobs.state.store import JobStore
 
 SLOTS, SHARE, EACH = 4, 0.5, 10
 ENDED = ("completed", "failed", "cancelled", "incomplete")

@@ -17,10 +17,10 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, topic_messages
 from tests.waiting import eventually
 from tiergate.gateway.access.auth import new_key
+from tiergate.jobs.run.runner import JobRunner
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.runner import JobRunner
-from tiergate.queue.store import JobStore
 
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"
 TASK: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Run leases on a real S3 API server (tiergate.queue.lease), with the watchers' clocks
+"""Run leases on a real S3 API server (tiergate.jobs.state.lease), with the watchers' clocks
 moved by hand; and the commit positions of a worker running several jobs at once."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tiergate.queue.lease import Fenced, Held, Leases, RunLease
+from tiergate.jobs.state.lease import Fenced, Held, Leases, RunLease
+from tiergate.jobs.state.store import JobStore
 from tiergate.queue.offsets import OffsetBook
-from tiergate.queue.store import JobStore
 from tiergate.settings import StorageSettings
 
 

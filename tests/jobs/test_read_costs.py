@@ -18,10 +18,10 @@ from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
 from tiergate.gateway.access.readcost import UNIT_BYTES, units
+from tiergate.jobs.batches.store import BatchStore
+from tiergate.jobs.state.store import JobStore
 from tiergate.objectstore import ObjectStore
 from tiergate.protocol.batches import Batch, Rollout
-from tiergate.queue.batches.store import BatchStore
-from tiergate.queue.store import JobStore
 from tiergate.settings import StorageSettings
 
 JOB: dict[str, Any] = {

@@ -17,8 +17,8 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
+from tiergate.jobs.run.replay import ReplayRefused, check_environment
 from tiergate.jobsclient import JobsClient
-from tiergate.queue.replay import ReplayRefused, check_environment
 
 TIERGATE = Path(sys.executable).with_name("tiergate")
 DETERMINISTIC = [

@@ -26,10 +26,10 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
 from tests.servers import free_port
 from tests.waiting import eventually
+from tiergate.jobs.state.store import JobStore
 from tiergate.local.jobs import start_worker
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import JobStatus
-from tiergate.queue.store import JobStore
 
 TERMINAL = {s.value for s in JobStatus if s.terminal}
 REPLY = "```bash\nsh task.sh\n```"

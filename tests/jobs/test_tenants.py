@@ -21,9 +21,9 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
+from tiergate.jobs.state.breaker import BreakerBoard
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobLimits
-from tiergate.queue.breaker import BreakerBoard
-from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobCreate, JobMessage, JobStatus
-from tiergate.queue.lifecycle import JobLifecycle
-from tiergate.queue.store import JobStore
 from tiergate.settings import StorageSettings
 
 SPEC = JobCreate.model_validate(

@@ -14,7 +14,7 @@ from tests.jobs.archives import tar_of
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
-from tiergate.queue.store import JobStore
+from tiergate.jobs.state.store import JobStore
 
 # A time to live of 1 s; the grace is 2 x requeue_after_seconds + max_attempts x the jobs'
 # timeout cap: 2 x 0.5 + 1 x 1 = 2 s. An upload goes on its key's next upload 3 s old.

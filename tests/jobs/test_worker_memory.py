@@ -21,9 +21,9 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
 from tests.jobstack import jobs_stack
+from tiergate.jobs.run.jobsandbox import REWARD_MAX_BYTES, read_reward, store_artifacts
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobLimits
-from tiergate.queue.jobsandbox import REWARD_MAX_BYTES, read_reward, store_artifacts
-from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings, StorageSettings
 

@@ -9,8 +9,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.structs import OffsetAndMetadata
 
+from tiergate.jobs.run.observe import WorkerMetrics
 from tiergate.queue.lag import LagUnavailable, measure_lag
-from tiergate.queue.observe import WorkerMetrics
 
 
 def test_lag_is_what_the_group_has_not_committed(broker: str) -> None:

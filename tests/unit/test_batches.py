@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from tiergate.jobs.batches.driver import job_id_of
+from tiergate.jobs.batches.export import conversation
+from tiergate.jobs.batches.rewards import normalize
+from tiergate.jobs.batches.schedule import decide
 from tiergate.protocol.batches import Batch, BatchCreate, Rollout
-from tiergate.queue.batches.driver import job_id_of
-from tiergate.queue.batches.export import conversation
-from tiergate.queue.batches.rewards import normalize
-from tiergate.queue.batches.schedule import decide
 
 
 def _task(domain: str, task_id: str) -> dict[str, str]:

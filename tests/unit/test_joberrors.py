@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tiergate.queue import joberrors
+from tiergate.jobs.state import joberrors
 
 
 def test_scrub_takes_out_urls_and_worker_paths_but_keeps_the_jobs_own() -> None:

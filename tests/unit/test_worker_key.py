@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.queue.agent import ModelClient, ModelRefused, ModelUnavailable, WorkerKey
+from tiergate.jobs.run.agent import ModelClient, ModelRefused, ModelUnavailable, WorkerKey
 from tiergate.settings import load_settings
 
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "DONE"}}]}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tiergate.jobs.run.observe import Liveness, WorkerMetrics
+from tiergate.jobs.run.observe_http import WorkerHTTP
 from tiergate.protocol import JobStatus
-from tiergate.queue.observe import Liveness, WorkerMetrics
-from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.settings import WorkerSettings
 
 

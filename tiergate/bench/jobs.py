@@ -53,7 +53,7 @@ from tiergate.bench.jobs_stack import (
     timeline,
 )
 from tiergate.bench.report import write_report
-from tiergate.queue.store import JobStore
+from tiergate.jobs.state.store import JobStore
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,13 @@ from tiergate.bench.jobs_stack import (
     timeline,
 )
 from tiergate.bench.report import write_report
+from tiergate.jobs.batches.driver import job_id_of
+from tiergate.jobs.batches.schedule import terminal
+from tiergate.jobs.batches.store import BatchStore
+from tiergate.jobs.state.store import JobStore
 from tiergate.jobsclient.errors import JobsError
 from tiergate.jobsclient.models import Batch
 from tiergate.jobsclient.sync import JobsClient
-from tiergate.queue.batches.driver import job_id_of
-from tiergate.queue.batches.schedule import terminal
-from tiergate.queue.batches.store import BatchStore
-from tiergate.queue.store import JobStore
 
 
 @dataclass(frozen=True)

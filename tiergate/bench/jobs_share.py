@@ -1,5 +1,5 @@
 """``tiergate bench share``: two keys' backlogs of long jobs on one fleet (issue 33 item 3,
-``jobs.fleet_share``; tiergate/queue/share.py).
+``jobs.fleet_share``; tiergate/jobs/state/share.py).
 
 One run starts :mod:`tiergate.bench.jobs_stack`'s servers with API keys on (two tenants,
 ``alice`` and ``bob``, and the workers' key) and ``workers`` workers of
@@ -34,7 +34,7 @@ from tiergate.bench.jobs_fleet import CONCURRENCY
 from tiergate.bench.jobs_stack import JobsStack, job_body, keep_logs, new_work_dir, say
 from tiergate.bench.report import write_report
 from tiergate.gateway.access.auth import new_key
-from tiergate.queue.store import JobStore
+from tiergate.jobs.state.store import JobStore
 
 TENANTS = ("alice", "bob")
 

@@ -21,6 +21,7 @@ import yaml
 from tiergate.bench.jobs_figures import JobTimeline
 from tiergate.bench.jobs_fleet import CONCURRENCY, DRAIN_SECONDS, WorkerFleet
 from tiergate.bench.stub_model import MODEL
+from tiergate.jobs.state.store import JobStore
 from tiergate.local.servers import (
     BROKER_BUCKET,
     LOCAL_CREDENTIALS,
@@ -33,7 +34,6 @@ from tiergate.local.servers import (
 from tiergate.measure.ports import free_port
 from tiergate.measure.wait import wait_until
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 
 

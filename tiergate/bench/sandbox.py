@@ -40,12 +40,12 @@ from tiergate.bench.report import write_report
 from tiergate.envs.build import build
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registry
+from tiergate.jobs.run.agent import ModelClient
+from tiergate.jobs.run.runner import JobRunner
+from tiergate.jobs.state.store import JobStore
 from tiergate.local.servers import LOCAL_CREDENTIALS, ensure_bucket, object_store
 from tiergate.protocol import JobCreate, JobLimits, JobMessage
-from tiergate.queue.agent import ModelClient
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.runner import JobRunner
-from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox
 from tiergate.settings import JobsSettings
 

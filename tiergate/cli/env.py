@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 env_app = typer.Typer(no_args_is_help=True, help="Job environments.")
 env_breaker_app = typer.Typer(
     no_args_is_help=True,
-    help="Environments' circuit breakers in the job store (tiergate.queue.breaker).",
+    help="Environments' circuit breakers in the job store (tiergate.jobs.state.breaker).",
 )
 env_app.add_typer(env_breaker_app, name="breaker")
 
@@ -24,8 +24,8 @@ env_app.add_typer(env_breaker_app, name="breaker")
 def _breaker(action: str, name: str | None) -> None:
     import json
 
-    from tiergate.queue.breaker import command
-    from tiergate.queue.store import StorageError
+    from tiergate.jobs.state.breaker import command
+    from tiergate.jobs.state.store import StorageError
 
     try:
         rows = command(_store_settings(), action, name)
@@ -58,7 +58,7 @@ def env_build(
 
     from tiergate.envs.build import BuildError
     from tiergate.envs.commands import build_command
-    from tiergate.queue.store import StorageError
+    from tiergate.jobs.state.store import StorageError
 
     jobs = _store_settings() if upload else _default_jobs()
     try:
@@ -100,7 +100,7 @@ def env_list() -> None:
     import json
 
     from tiergate.envs.commands import list_command
-    from tiergate.queue.store import StorageError
+    from tiergate.jobs.state.store import StorageError
 
     try:
         rows = list_command(_store_settings())

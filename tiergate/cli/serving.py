@@ -131,7 +131,7 @@ def tune(
 def worker() -> None:
     """Run agent jobs from Kafka until SIGTERM (then drain)."""
     from tiergate.gateway.logs import configure_logging
-    from tiergate.queue.worker import Worker
+    from tiergate.jobs.run.worker import Worker
     from tiergate.sandbox import LimitsUnavailable
 
     settings = settings_or_exit()

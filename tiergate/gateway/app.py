@@ -44,8 +44,8 @@ from tiergate.gateway.state import (
     install_gateway_state,
 )
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
+from tiergate.jobs.state.store import JobStore
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.store import JobStore
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 

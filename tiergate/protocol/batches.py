@@ -1,6 +1,6 @@
 """Rollout batches (``/v1/jobs/batches``): many tasks across domains, several samples of
 each, run as ordinary jobs of the batch's owner and scheduled by the workers
-(tiergate.queue.batches). The docstrings are published in the OpenAPI description."""
+(tiergate.jobs.batches). The docstrings are published in the OpenAPI description."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class Job(BaseModel):
     """The job object, as every replica and worker sees it (stored in object storage).
 
     ``kind`` is ``agent`` (the model drives the sandbox) or ``replay`` (an earlier job's
-    recorded commands run again without the model, see :mod:`tiergate.queue.replay`);
+    recorded commands run again without the model, see :mod:`tiergate.jobs.run.replay`);
     a replay names its original in ``replay_of`` and answers with ``replay``."""
 
     id: str
@@ -64,7 +64,7 @@ class Job(BaseModel):
     completed_at: int | None = None
     steps: int = 0
     attempts: int = 0
-    # The run (lease epoch, tiergate.queue.lease) that holds the job now, or that ended it:
+    # The run (lease epoch, tiergate.jobs.state.lease) that holds the job now, or that ended it:
     # its artifacts are the job's.
     run: int | None = None
     result: JobResult | None = None

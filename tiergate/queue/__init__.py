@@ -1,1 +1,3 @@
-"""Agent jobs on Kafka with results in S3 (issue 4); nothing is implemented here yet."""
+"""The jobs' transport on Kafka: the pipeline, a worker's consumer, its membership in the
+fleet, committed offsets and the lag it reports. What runs a job lives in
+:mod:`tiergate.jobs`."""

@@ -7,7 +7,7 @@ own thread), and resumes them as a slot frees, so a long job never holds back th
 behind it in its partition while another slot is free. Offsets are committed in order as
 jobs finish (:class:`~tiergate.queue.offsets.OffsetBook`); a commit that fails (the group
 moved on during a rebalance) is logged and never ends the thread: the new owner of the
-partition sees the record again, and the run lease (tiergate.queue.lease) keeps it from
+partition sees the record again, and the run lease (tiergate.jobs.state.lease) keeps it from
 running twice. Rebalances are cooperative (KIP-429, ``cooperative-sticky``): a worker that
 joins or leaves moves only the partitions that change owner, and the others' pickups go
 on. kafka-python calls the rebalance listener on its own IO thread, where nothing may
@@ -19,7 +19,7 @@ after a delay without holding a slot (``later``); it stays open in the book mean
 
 A worker whose own partitions gave it nothing for ``steal_after`` seconds while a slot is
 free takes over queued jobs from busy workers' partitions (``steal``,
-tiergate.queue.steal); such a record is run, never committed here, and not retried.
+tiergate.jobs.run.steal); such a record is run, never committed here, and not retried.
 """
 
 from __future__ import annotations

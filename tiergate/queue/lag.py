@@ -158,7 +158,7 @@ def records_ahead(
 ) -> list[tuple[TopicPartition, int, bytes]]:
     """The first ``per_partition`` messages (partition, offset, value) of each partition of
     ``topic`` at or past ``group``'s committed position, in offset order per partition:
-    what a worker with a free slot may take over from a busy one (tiergate.queue.steal).
+    what a worker with a free slot may take over from a busy one (tiergate.jobs.run.steal).
     What could not be read in ``timeout_s`` is left out; raises :class:`LagUnavailable`
     when nothing can be read."""
     deadline = time.monotonic() + timeout_s

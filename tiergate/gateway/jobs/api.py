@@ -35,10 +35,10 @@ from tiergate.gateway.jobs.eventstream import EventStreams
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
 from tiergate.gateway.jobs.uploads import Uploads
 from tiergate.gateway.openai.selection import parse_body, read_body
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
-from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
-from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 from tiergate.tiers import UnknownTierError, parse_requested_tier
 
@@ -323,7 +323,7 @@ class JobsAPI:
 
     async def replay(self, request: Request, job_id: str) -> Response:
         """A new job of kind ``replay`` that runs ``job_id``'s recorded commands again
-        without the model (see :mod:`tiergate.queue.replay`): the gateway only checks and
+        without the model (see :mod:`tiergate.jobs.run.replay`): the gateway only checks and
         queues it, a worker runs it. Another key's job is a 404 as for get; a job not
         finished, or one that cannot be replayed, a 409; it counts against the key's rate
         limit and outstanding jobs as a submit does."""

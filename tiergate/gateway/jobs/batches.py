@@ -1,7 +1,7 @@
 """The batches API (``/v1/jobs/batches``): record a batch, read it, cancel it, export its
 rollouts. The gateway checks every task as it would check a job (caps, model, tier, queue
 message size) and records the batch; the workers schedule its jobs
-(tiergate.queue.batches). A batch, like a job, exists only for the key that created it."""
+(tiergate.jobs.batches). A batch, like a job, exists only for the key that created it."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from tiergate.gateway.jobs.reserve import Reservations, Ticket
 from tiergate.gateway.jobs.taskfile import TaskSummary, write_request
 from tiergate.gateway.jobs.uploads import BATCH_TASKS
 from tiergate.gateway.openai.selection import parse_body, read_body
+from tiergate.jobs.batches.export import rollout_record
+from tiergate.jobs.batches.store import BatchStore
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
-from tiergate.queue.batches.export import rollout_record
-from tiergate.queue.batches.store import BatchStore
-from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 
 # A task's own metadata leaves room for the four keys a batch's job gets (batch_id, ...).
@@ -228,7 +228,7 @@ class BatchesAPI:
         )
 
     async def rollouts(self, request: Request, batch_id: str) -> Response:
-        """The finished rollouts as JSON lines (see tiergate.queue.batches.export)."""
+        """The finished rollouts as JSON lines (see tiergate.jobs.batches.export)."""
         caller = self._jobs.caller(request)
         batch = await self._owned(request, batch_id)
         spec = await self._jobs.read(caller, self._batches.request, batch.owner, batch.id)

@@ -31,8 +31,8 @@ from starlette.types import Receive, Scope, Send
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import TERMINAL_EVENTS, TERMINAL_STATUSES, Batch
-from tiergate.queue.store import JobStore, StorageError
 
 FIRST_POLL_SECONDS = 0.5
 MAX_POLL_SECONDS = 4.0

@@ -8,7 +8,7 @@ its ticket once its record (whose marker the store then counts) is written or gi
 The store's count may then already include an earlier ticket's record, so at the cap's
 edge a create may be refused that one more could have taken, never the other way round.
 This holds within one gateway replica; between replicas, a create's marker is its first
-write (tiergate.queue.store), which shortens the window to one storage round trip.
+write (tiergate.jobs.state.store), which shortens the window to one storage round trip.
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobMessage, JobStatus
 from tiergate.queue.lag import keys_ahead
-from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.store import JobStore
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.sweep")

@@ -6,7 +6,7 @@ although another worker sits idle. A worker with a free slot whose own partition
 given it nothing for ``steal_after_seconds`` therefore looks at the first records past
 the group's committed position on every partition (:func:`tiergate.queue.lag.records_ahead`),
 and takes over a job that is still ``queued`` in a partition it does not own. The run
-lease (tiergate.queue.lease) makes that safe: whoever takes the job's lease first runs it,
+lease (tiergate.jobs.state.lease) makes that safe: whoever takes the job's lease first runs it,
 the other finds it held (or ended) and moves on; the partition's owner commits the record
 when it reaches it and finds the job ended. Nothing is committed by the one who took it.
 
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from kafka import TopicPartition
 from pydantic import ValidationError
 
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import JobMessage, JobStatus
 from tiergate.queue.lag import LagUnavailable, records_ahead
-from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.steal")

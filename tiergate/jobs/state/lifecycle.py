@@ -15,8 +15,8 @@ Rules it keeps:
   promised depends on seeing "in_progress" before the command runs), and every later
   change of that job waits for those writes first (:meth:`settle`);
 - a worker's writes of a job are fenced by its run's lease (:meth:`fence`,
-  tiergate.queue.lease): each checks the lease first, and a run taken over by another
-  raises :class:`~tiergate.queue.lease.Fenced` instead of writing.
+  tiergate.jobs.state.lease): each checks the lease first, and a run taken over by another
+  raises :class:`~tiergate.jobs.state.lease.Fenced` instead of writing.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import CommandEntry, Job, JobCreate, JobMessage, JobResult, JobStatus
-from tiergate.queue.store import JobStore, StorageError
 
 log = logging.getLogger("tiergate.jobs")
 
@@ -47,7 +47,7 @@ class JobLifecycle:
 
     def fence(self, job_id: str, check: Callable[[], None] | None) -> None:
         """Make every later write of ``job_id`` through here call ``check`` first (a
-        run's :meth:`~tiergate.queue.lease.RunLease.check`); None lifts it."""
+        run's :meth:`~tiergate.jobs.state.lease.RunLease.check`); None lifts it."""
         if check is None:
             self._fences.pop(job_id, None)
         else:
@@ -221,7 +221,7 @@ class JobLifecycle:
         self._emit(job.id, "job.retrying", attempt=attempt, delay_seconds=delay, error=error)
 
     def waiting(self, job: Job, reason: str) -> None:
-        """Queued past its key's share of the fleet (tiergate.queue.share): the record
+        """Queued past its key's share of the fleet (tiergate.jobs.state.share): the record
         says why, and the job's event stream says so once."""
         already = (job.error or {}).get("code") == "fleet_share"
         job.error = {"code": "fleet_share", "message": reason}

@@ -2,7 +2,7 @@
 
     batches/{owner}/{id}/request.json   the batch as accepted, written once
     batches/{owner}/{id}/state.json     the batch as its scheduler last wrote it (its
-                                        lease's holder only: tiergate.queue.lease)
+                                        lease's holder only: tiergate.jobs.state.lease)
     batches/{owner}/{id}/cancel         present once cancelled
     batches/{owner}/{id}/runs/NNNN      the scheduler's lease
     batches-active/{owner}/{id}         present while the batch is not finished
@@ -16,9 +16,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tiergate.jobs.state.store import JobStore
 from tiergate.objectstore import StorageError
 from tiergate.protocol.batches import Batch, BatchCreate
-from tiergate.queue.store import JobStore
 
 
 class BatchStore:

@@ -5,7 +5,7 @@ Where it runs: a replay is a job of its own (``kind: replay``, ``replay_of`` = t
 made by ``POST /v1/jobs/{id}/replay`` and queued on Kafka like any job, so that a worker,
 which has the sandbox, runs it; the gateway never runs sandboxes, and the replay's life
 (queued, in progress, steps as events, cancel, the terminal record) goes through
-:class:`~tiergate.queue.lifecycle.JobLifecycle` like every job's. ``tiergate jobs replay
+:class:`~tiergate.jobs.state.lifecycle.JobLifecycle` like every job's. ``tiergate jobs replay
 ID`` calls that route through the jobs client. Running it in the CLI's own process instead
 would need bubblewrap (and the job store's credentials) wherever the CLI runs.
 
@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiergate.envs.registry import Registry
+from tiergate.jobs.run.jobsandbox import read_reward, unpack_upload
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import (
     CommandEntry,
     Job,
@@ -49,8 +51,6 @@ from tiergate.protocol import (
     ReplayVerifier,
     TrajectoryEntry,
 )
-from tiergate.queue.jobsandbox import read_reward, unpack_upload
-from tiergate.queue.store import JobStore
 from tiergate.sandbox import Sandbox
 
 

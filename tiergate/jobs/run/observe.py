@@ -2,7 +2,7 @@
 
 No module-level state: every metric lives in the :class:`WorkerMetrics` instance's own
 registry, every heartbeat in a :class:`Liveness` instance; the worker owns both and
-serves them with :class:`tiergate.queue.observe_http.WorkerHTTP`.
+serves them with :class:`tiergate.jobs.run.observe_http.WorkerHTTP`.
 """
 
 from __future__ import annotations

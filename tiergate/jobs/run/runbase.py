@@ -1,7 +1,7 @@
 """What every run of a job needs, agent or replay: its collaborators (store, queue,
 lifecycle, breakers, leases, environment cache, the sandbox made at pickup), and the small
 steps they share (ending the job, telling the breaker, fetching the environment, storing
-artifacts, abandoning). :class:`tiergate.queue.runner.JobRunner` is what runs a job."""
+artifacts, abandoning). :class:`tiergate.jobs.run.runner.JobRunner` is what runs a job."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ from typing import Any, Literal
 
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
-from tiergate.protocol import Job, JobMessage, JobStatus, TrajectoryEntry
-from tiergate.queue.agent import ModelClient, WorkerKey
-from tiergate.queue.breaker import BreakerBoard, Verdict
-from tiergate.queue.jobsandbox import (
+from tiergate.jobs.run.agent import ModelClient, WorkerKey
+from tiergate.jobs.run.jobsandbox import (
     EarlySandbox,
     store_artifacts,
 )
-from tiergate.queue.lease import Leases, RunLease
-from tiergate.queue.lifecycle import JobLifecycle
-from tiergate.queue.observe import WorkerMetrics
+from tiergate.jobs.run.observe import WorkerMetrics
+from tiergate.jobs.state.breaker import BreakerBoard, Verdict
+from tiergate.jobs.state.lease import Leases, RunLease
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.share import FleetShare
+from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.protocol import Job, JobMessage, JobStatus, TrajectoryEntry
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
-from tiergate.queue.share import FleetShare
-from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import JobsSettings
 
@@ -73,7 +73,7 @@ class RunnerBase:
         self._metrics = metrics or WorkerMetrics()
         self._abandon = threading.Event()
         self._sandbox: Sandbox | None = None
-        # The environment's circuit breaker (tiergate.queue.breaker), shared by all workers
+        # The environment's circuit breaker (tiergate.jobs.state.breaker), shared by all workers
         # through the store; _run leaves what the job said about its environment here.
         self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
         self._verdict: tuple[Verdict, str] = ("neutral", "")
@@ -124,7 +124,7 @@ class RunnerBase:
     def _judge(self, environment: str, job_id: str, owner: str) -> None:
         """Tell the breaker what the job said about its environment; a failure to do so
         does not change the job's ending (a lost probe verdict is taken over, see
-        tiergate.queue.breaker)."""
+        tiergate.jobs.state.breaker)."""
         verdict, detail = self._verdict
         try:
             self._breakers.record(environment, job_id, verdict, detail, owner=owner)

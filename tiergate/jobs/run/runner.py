@@ -10,7 +10,7 @@ What ends a job, and how:
   topic; the partition moves on;
 - a job whose pickups keep killing their worker: every pickup is counted in object
   storage, so after ``max_attempts`` pickups it is failed without running again.
-- a job whose environment's circuit breaker is open (tiergate.queue.breaker): ``failed``
+- a job whose environment's circuit breaker is open (tiergate.jobs.state.breaker): ``failed``
   with ``environment_unavailable`` at once, before a sandbox is made; what every other job
   says about its environment (worked, an infrastructure failure, nothing) goes to the
   breaker when it ends.
@@ -19,7 +19,7 @@ What ends a job, and how:
   fetching or unpacking a registered one failing is an infrastructure failure (the breaker
   hears ``sandbox_start``; a storage error is retried like any other).
 Redelivery is normal: a job whose terminal record exists is not run again. A pickup
-takes the job's run lease first (tiergate.queue.lease): a job whose run is held by a live
+takes the job's run lease first (tiergate.jobs.state.lease): a job whose run is held by a live
 lease elsewhere is ``held`` (nothing written; the worker tries it again later), and a run
 taken over by another pickup is ``fenced``: its sandbox is killed and it writes nothing.
 """
@@ -30,26 +30,26 @@ import logging
 import time
 
 from tiergate.envs.registry import Registered
-from tiergate.protocol import CommandEntry, Job, JobMessage, JobResult, JobStatus, TrajectoryEntry
-from tiergate.queue import joberrors
-from tiergate.queue.agent import AgentLoop, ModelRefused, ModelUnavailable
-from tiergate.queue.jobsandbox import (
+from tiergate.jobs.run.agent import AgentLoop, ModelRefused, ModelUnavailable
+from tiergate.jobs.run.jobsandbox import (
     CancelWatch,
     read_reward,
     unpack_upload,
     verifier_verdict,
 )
-from tiergate.queue.lease import Fenced, Held, RunLease
-from tiergate.queue.pickup import Pickup, read_pickup
-from tiergate.queue.pipeline import QueueUnavailable
-from tiergate.queue.replayrun import ReplayRunning
-from tiergate.queue.runbase import (
+from tiergate.jobs.run.pickup import Pickup, read_pickup
+from tiergate.jobs.run.replayrun import ReplayRunning
+from tiergate.jobs.run.runbase import (
     ENDED,
     Abandoned,
     EnvironmentNotFound,
     Outcome,
 )
-from tiergate.queue.store import StorageError
+from tiergate.jobs.state import joberrors
+from tiergate.jobs.state.lease import Fenced, Held, RunLease
+from tiergate.jobs.state.store import StorageError
+from tiergate.protocol import CommandEntry, Job, JobMessage, JobResult, JobStatus, TrajectoryEntry
+from tiergate.queue.pipeline import QueueUnavailable
 from tiergate.sandbox import SandboxError
 
 log = logging.getLogger("tiergate.worker")

@@ -1,7 +1,7 @@
 """A finished rollout as a trainer reads it: one JSON object a line.
 
 The conversation is rebuilt from the job's trajectory exactly as the worker's agent loop
-(tiergate.queue.agent) sent it to the model: the system prompt, the instruction, then each
+(tiergate.jobs.run.agent) sent it to the model: the system prompt, the instruction, then each
 model turn as an ``assistant`` message (with its ``tool_calls`` under the tools protocol)
 and each command's result as the next ``user`` message (``tool``, with its
 ``tool_call_id``, under the tools protocol). Two shapes of TRL's conversational datasets
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tiergate.jobs.run.agent import TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol.batches import BatchCreate, Rollout
-from tiergate.queue.agent import TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
-from tiergate.queue.store import JobStore
 
 NO_COMMAND = (
     "No command found. Answer with one command in a ```bash block, or DONE if the task is complete."

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tiergate.envs.registry import Registered, Registry
+from tiergate.jobs.state.breaker import Breaker, BreakerBoard
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import Job, JobCreate, JobMessage
-from tiergate.queue.breaker import Breaker, BreakerBoard
-from tiergate.queue.store import JobStore, StorageError
 
 _T = TypeVar("_T")
 

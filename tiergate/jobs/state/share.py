@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobStatus
-from tiergate.queue.store import JobStore
 
 
 class FleetShare:

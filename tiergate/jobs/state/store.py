@@ -9,7 +9,7 @@ Layout under ``{prefix}``:
                           once (If-None-Match), so two writers never overwrite an event
     {id}/deliveries/NNNN  one per pickup by a worker (survives redelivery)
     {id}/cancel           present once cancellation was asked for
-    {id}/runs/NNNN[.beat] each run's lease and heartbeat (tiergate.queue.lease)
+    {id}/runs/NNNN[.beat] each run's lease and heartbeat (tiergate.jobs.state.lease)
     {id}/run-NNNN/artifacts/...   trajectory.jsonl, verifier.log, workspace.tar.gz of run
                           NNNN (the terminal record's ``run`` names the one that counts;
                           jobs of before leases: {id}/artifacts/...)
@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tiergate.jobs.state.lease import Leases
 from tiergate.objectstore import ObjectStore, StorageError
 from tiergate.protocol import Job, JobCreate
-from tiergate.queue.lease import Leases
 from tiergate.settings import StorageSettings
 
 # How long a writer waits before trying an event number again that was refused while
@@ -68,7 +68,7 @@ class JobStore:
 
     def prefixed(self, rel: str) -> str:
         """``rel`` under this store's prefix (for the layouts laid beside the jobs': the
-        batches', tiergate.queue.batches.store)."""
+        batches', tiergate.jobs.batches.store)."""
         return f"{self._prefix}{rel}"
 
     def ensure_bucket(self) -> None:
@@ -192,7 +192,7 @@ class JobStore:
         return f"{self._prefix}running/{owner}/{job_id}"
 
     def mark_running(self, owner: str, job_id: str) -> None:
-        """Count the job among its owner's running ones (tiergate.queue.share)."""
+        """Count the job among its owner's running ones (tiergate.jobs.state.share)."""
         self.objects.put(self._running_key(owner, job_id), b"")
 
     def unmark_running(self, owner: str, job_id: str) -> None:

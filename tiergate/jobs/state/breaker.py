@@ -65,9 +65,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from tiergate.jobs.run.observe import WorkerMetrics
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import ENVIRONMENT_PATTERN
-from tiergate.queue.observe import WorkerMetrics
-from tiergate.queue.store import JobStore, StorageError
 from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.breaker")

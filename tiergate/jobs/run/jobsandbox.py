@@ -10,9 +10,9 @@ import os
 import threading
 from pathlib import Path
 
+from tiergate.jobs.state.breaker import Verdict
+from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import JobLimits, JobMessage, TrajectoryEntry
-from tiergate.queue.breaker import Verdict
-from tiergate.queue.store import JobStore, StorageError
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.settings import SandboxSettings
 
@@ -39,7 +39,7 @@ class EarlySandbox:
     def name(self, job_id: str) -> str:
         """The job's sandbox name in this slot: its own in this process and slot, so that
         two runs of one job on one machine (a run taken over by another worker there, see
-        tiergate.queue.lease) never share, make or remove each other's workspace."""
+        tiergate.jobs.state.lease) never share, make or remove each other's workspace."""
         return f"{job_id}.{os.getpid()}-{self._settings.uid}"
 
     def make(self, message: JobMessage) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tiergate.queue.observe import Liveness, WorkerMetrics
+from tiergate.jobs.run.observe import Liveness, WorkerMetrics
 
 log = logging.getLogger("tiergate.worker.http")
 

@@ -5,7 +5,7 @@ One consumer thread polls the jobs topic and hands records to the job slots
 (tiergate.queue.consumer): it keeps polling while jobs run, pauses its partitions while
 every slot is busy, and commits each partition's offsets in order as jobs end, so a crash
 redelivers only jobs that had not ended (never lost). A pickup takes the job's run lease
-(tiergate.queue.lease), which a keeper thread beats every ``lease_seconds / 3``: a job is
+(tiergate.jobs.state.lease), which a keeper thread beats every ``lease_seconds / 3``: a job is
 never run twice at once, a run whose worker froze or was cut off is taken over once its
 lease expires, and the run taken over writes nothing more. SIGTERM stops taking new jobs
 and waits up to ``drain_seconds`` for running ones; a job still running then is abandoned
@@ -40,24 +40,24 @@ from kafka.errors import InconsistentGroupProtocolError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
+from tiergate.jobs.batches.driver import BatchDriver
+from tiergate.jobs.batches.metrics import BatchMetrics
+from tiergate.jobs.run.agent import ModelClient
+from tiergate.jobs.run.observe import Liveness, WorkerMetrics
+from tiergate.jobs.run.observe_http import WorkerHTTP
+from tiergate.jobs.run.runner import JobRunner
+from tiergate.jobs.run.steal import Stealer
+from tiergate.jobs.state.breaker import BreakerBoard
+from tiergate.jobs.state.lease import Fenced
+from tiergate.jobs.state.share import FleetShare
+from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobs.state.sweep import Sweeper
 from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
-from tiergate.queue.agent import ModelClient
-from tiergate.queue.batches.driver import BatchDriver
-from tiergate.queue.batches.metrics import BatchMetrics
-from tiergate.queue.breaker import BreakerBoard
 from tiergate.queue.consumer import JobConsumer, Verdict, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
-from tiergate.queue.lease import Fenced
 from tiergate.queue.membership import Membership
-from tiergate.queue.observe import Liveness, WorkerMetrics
-from tiergate.queue.observe_http import WorkerHTTP
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
-from tiergate.queue.runner import JobRunner
-from tiergate.queue.share import FleetShare
-from tiergate.queue.steal import Stealer
-from tiergate.queue.store import JobStore, StorageError
-from tiergate.queue.sweep import Sweeper
 from tiergate.sandbox import probe_limits
 from tiergate.settings import JobsSettings
 
@@ -387,7 +387,7 @@ class Worker:
             consumer.close(autocommit=False)
 
     def _schedule_batches(self) -> None:
-        """Rollout batches whose lease this worker holds (tiergate.queue.batches)."""
+        """Rollout batches whose lease this worker holds (tiergate.jobs.batches)."""
         name = threading.current_thread().name
         driver = BatchDriver(
             self._store,

@@ -1,5 +1,5 @@
 """The worker's side of batches: every ``poll_seconds``, for each batch not finished, the
-worker holding its lease (tiergate.queue.lease: one scheduler per batch, taken over if
+worker holding its lease (tiergate.jobs.state.lease: one scheduler per batch, taken over if
 that worker goes away) reads the rollouts' jobs, normalizes the rewards, decides what runs
 next (:func:`.schedule.decide`), creates those jobs and writes the batch's state.
 
@@ -20,16 +20,16 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from tiergate.jobs.batches.metrics import BatchMetrics
+from tiergate.jobs.batches.rewards import group_stats, normalize, scored
+from tiergate.jobs.batches.schedule import Sample, decide, terminal
+from tiergate.jobs.batches.store import BatchStore
+from tiergate.jobs.state.lease import Held, Leases, RunLease
+from tiergate.jobs.state.lifecycle import JobLifecycle
+from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import Job, JobMessage
 from tiergate.protocol.batches import Batch, BatchCreate, Rollout
-from tiergate.queue.batches.metrics import BatchMetrics
-from tiergate.queue.batches.rewards import group_stats, normalize, scored
-from tiergate.queue.batches.schedule import Sample, decide, terminal
-from tiergate.queue.batches.store import BatchStore
-from tiergate.queue.lease import Held, Leases, RunLease
-from tiergate.queue.lifecycle import JobLifecycle
 from tiergate.queue.pipeline import JobQueue
-from tiergate.queue.store import JobStore
 
 log = logging.getLogger("tiergate.batches")
 

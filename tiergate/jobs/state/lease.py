@@ -1,7 +1,7 @@
 """One run per job: a pickup takes a lease in object storage, and every later write of
 that run is fenced by it.
 
-Keys, under the job's prefix (``{id}/`` of :class:`tiergate.queue.store.JobStore`):
+Keys, under the job's prefix (``{id}/`` of :class:`tiergate.jobs.state.store.JobStore`):
 
     runs/NNNN       the run's lease: written once (If-None-Match), NNNN its epoch from 1
     runs/NNNN.beat  its heartbeat: a counter the holder rewrites every ``ttl / 3``;

@@ -1,4 +1,4 @@
-"""Running a replay job (see tiergate.queue.replay): the original's recorded commands
+"""Running a replay job (see tiergate.jobs.run.replay): the original's recorded commands
 again, without the model, in the environment digest the original ran in."""
 
 from __future__ import annotations
@@ -7,28 +7,28 @@ import logging
 import time
 from pathlib import Path
 
-from tiergate.protocol import CommandEntry, Job, JobMessage, JobStatus
-from tiergate.queue import joberrors
-from tiergate.queue.jobsandbox import (
+from tiergate.jobs.run.jobsandbox import (
     CancelWatch,
 )
-from tiergate.queue.replay import (
+from tiergate.jobs.run.replay import (
     Replay,
     ReplayPlan,
     ReplayRefused,
     plan_replay,
     prepare_workspace,
 )
-from tiergate.queue.runbase import Outcome, RunnerBase
+from tiergate.jobs.run.runbase import Outcome, RunnerBase
+from tiergate.jobs.state import joberrors
+from tiergate.protocol import CommandEntry, Job, JobMessage, JobStatus
 from tiergate.sandbox import Sandbox
 
 log = logging.getLogger("tiergate.worker")
 
 
 class ReplayRunning(RunnerBase):
-    """The replay half of :class:`tiergate.queue.runner.JobRunner`."""
+    """The replay half of :class:`tiergate.jobs.run.runner.JobRunner`."""
 
-    # -- a replay job (see tiergate.queue.replay) --------------------------------------------
+    # -- a replay job (see tiergate.jobs.run.replay) --------------------------------------------
 
     def _replay(self, job: Job, message: JobMessage) -> Outcome:
         """Run the original's recorded commands again; the report goes in ``job.replay``
