@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
@@ -8,6 +9,7 @@ from pydantic import ValidationError
 from tiergate.gateway.access.admission import Gate
 from tiergate.gateway.access.auth import Authenticator, hash_key, new_key
 from tiergate.gateway.access.limits import LocalLimiter, duration
+from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import ApiKey, AuthSettings, KeyLimits
 from tiergate.tiers import Tier
@@ -69,10 +71,23 @@ def test_keys_are_hashes_and_wrong_ones_refused() -> None:
         with pytest.raises(OpenAIError) as err:
             auth.authenticate(header)
         assert err.value.status == 401
-    auth.check_model(caller, "m")
+    served = ServedModels({Tier.STANDARD: _Reports(frozenset({"m", "other"}))})
+    served.check(caller, "m")
     with pytest.raises(OpenAIError) as model:
-        auth.check_model(caller, "other")
-    assert model.value.code == "model_not_allowed"
+        served.check(caller, "other")
+    assert model.value.status == 403 and model.value.code == "model_not_allowed"
+    with pytest.raises(OpenAIError) as unknown:
+        served.check(caller, "nope")
+    assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
+    assert unknown.value.message.endswith("available: m.")  # never the models it may not use
+    with pytest.raises(OpenAIError) as starting:
+        ServedModels({}).check(caller, "m")
+    assert starting.value.status == 503
+
+
+@dataclass
+class _Reports:
+    model_names: frozenset[str]
 
 
 async def test_gate_serves_waiters_by_priority() -> None:

@@ -23,14 +23,16 @@ from tiergate import __version__
 from tiergate.backends.pool import TierPool
 from tiergate.gateway import openapi
 from tiergate.gateway.access.admission import Admission
+from tiergate.gateway.access.collector import AdmissionCollector
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.access.limits import Limiter
+from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.api import JobsAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.jobs.routes import add_job_components, register_job_routes
 from tiergate.gateway.logs import AccessLog
-from tiergate.gateway.metrics import AdmissionCollector, GatewayMetrics
+from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.metricsport import MetricsListener
 from tiergate.gateway.openai.proxy import CompletionsProxy
 from tiergate.gateway.openai.routes import ROUTES, Route
@@ -167,6 +169,7 @@ def create_app(settings: Settings) -> FastAPI:
             admission,
             metrics,
             lambda tier, path: pools[tier].serves_route(path),
+            ServedModels(pools),
         )
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         upstream = UpstreamClient(keepalive_seconds=UPSTREAM_KEEPALIVE_SECONDS)
@@ -187,7 +190,6 @@ def create_app(settings: Settings) -> FastAPI:
                 store,
                 queue,
                 gatekeeper,
-                lambda: {name for pool in pools.values() for name in pool.model_names},
                 settings.gateway.max_body_bytes,
                 stream_pool,
             )
@@ -270,7 +272,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]
 
-    register_job_routes(app)
+    register_job_routes(app, lambda r: gateway_state(r).jobs, lambda r: gateway_state(r).batches)
     register_ops_routes(app, settings)
 
     @app.exception_handler(OpenAIError)

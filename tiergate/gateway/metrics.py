@@ -18,8 +18,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.access.admission import Admission
-from tiergate.gateway.access.limits import Limiter
 from tiergate.tiers import Tier
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
@@ -91,37 +89,6 @@ class _PoolCollector(Collector):
                 in_flight.add_metric([tier.value, ep.url], float(ep.in_flight))
         yield healthy
         yield in_flight
-
-
-class AdmissionCollector(Collector):
-    """Admission queue depth and in-flight per tier, and where limits are being counted."""
-
-    def __init__(self, admission: Admission, limiter: Limiter) -> None:
-        self._admission = admission
-        self._limiter = limiter
-
-    def collect(self):  # type: ignore[no-untyped-def]
-        from prometheus_client.core import GaugeMetricFamily
-
-        depth = GaugeMetricFamily(
-            "tiergate_admission_queue_depth", "Requests waiting for a slot", labels=["tier", "lane"]
-        )
-        active = GaugeMetricFamily(
-            "tiergate_admission_in_flight", "Requests holding a slot", labels=["tier", "lane"]
-        )
-        for lane, gates in (("all", self._admission.tiers), ("long", self._admission.long)):
-            for tier, gate in gates.items():
-                depth.add_metric([tier.value, lane], float(gate.queued))
-                active.add_metric([tier.value, lane], float(gate.active))
-        yield depth
-        yield active
-        if self._limiter.configured_redis:
-            yield GaugeMetricFamily(
-                "tiergate_ratelimit_redis_up",
-                "1 while per-key limits are counted in Redis; 0 while this replica counts "
-                "them alone because Redis is unreachable",
-                value=1.0 if self._limiter.shared else 0.0,
-            )
 
 
 class GatewayMetrics:

@@ -184,13 +184,3 @@ class Authenticator:
                 type_="invalid_request_error",
             )
         return Caller(key.name, key)
-
-    def check_model(self, caller: Caller, model: str) -> None:
-        """403 for a model the key may not use (its tiers are the tier policy's business)."""
-        if not caller.may_use_model(model):
-            raise OpenAIError(
-                403,
-                f"This API key may not use the model {model!r}.",
-                param="model",
-                code="model_not_allowed",
-            )

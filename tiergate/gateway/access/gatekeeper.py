@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tiergate.gateway.access.admission import Admission, Ticket
 from tiergate.gateway.access.auth import Authenticator, Caller
 from tiergate.gateway.access.limits import Decision, Limiter
-from tiergate.gateway.access.policy import RouteSupport, TierDecision, TierPolicy
+from tiergate.gateway.access.models import ServedModels
+from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierDecision, TierPolicy
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.openai.selection import InspectedRequest
 from tiergate.settings import KeyLimits, Settings
 from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, Tier
+
+
+class Asking(Protocol):
+    """What access control reads of a request (the proxy's inspected request is one)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def asked(self) -> AskedTier: ...
+    @property
+    def needs(self) -> Needs: ...
+    @property
+    def prompt_chars(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -54,8 +67,10 @@ class Gatekeeper:
         admission: Admission,
         metrics: GatewayMetrics,
         serves_route: RouteSupport = lambda tier, path: None,
+        models: ServedModels | None = None,
     ) -> None:
         self._settings = settings
+        self.models = models or ServedModels({})
         self.authenticator = Authenticator(settings.auth)
         self.limiter = limiter
         self.admission = admission
@@ -89,18 +104,22 @@ class Gatekeeper:
             headers=headers,
         )
 
-    def decide(self, caller: Caller, req: InspectedRequest) -> TierDecision:
-        """The key's model check, then the tier policy's decision."""
-        self.authenticator.check_model(caller, req.model)
+    def check_model(self, caller: Caller, model: str) -> None:
+        """The one model check, for requests and jobs alike (:class:`ServedModels`)."""
+        self.models.check(caller, model)
+
+    def decide(self, caller: Caller, req: Asking) -> TierDecision:
+        """The model check, then the tier policy's decision."""
+        self.models.check(caller, req.model)
         return self.policy.decide(caller, req.asked, req.needs)
 
-    def estimate_tokens(self, req: InspectedRequest) -> int:
+    def estimate_tokens(self, req: Asking) -> int:
         return max(1, math.ceil(req.prompt_chars / self._settings.limits.chars_per_token))
 
     async def admit(
         self,
         caller: Caller,
-        req: InspectedRequest,
+        req: Asking,
         tier: Tier,
         request_id: str,
         urgency: int = DEFAULT_URGENCY,

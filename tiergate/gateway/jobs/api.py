@@ -88,7 +88,6 @@ class JobsAPI:
         store: JobStore,
         queue: JobQueue,
         gatekeeper: Gatekeeper,
-        served_models: Any,
         max_body_bytes: int,
         stream_pool: Executor,
     ) -> None:
@@ -100,7 +99,6 @@ class JobsAPI:
         self._jobs = JobLifecycle(store)
         self._reservations = Reservations()
         self._gatekeeper = gatekeeper
-        self._served_models = served_models
         self._uploads = Uploads(settings, store, gatekeeper, self.storage)
         self.reads = ReadBudget(gatekeeper.limiter, store.objects, settings.read_units_per_minute)
         self.streams = EventStreams(
@@ -164,20 +162,7 @@ class JobsAPI:
                     param=f"limits.{name}",
                     code="limit_over_cap",
                 )
-        if not caller.may_use_model(spec.model):
-            raise OpenAIError(
-                403,
-                "This API key may not use the requested model.",
-                param="model",
-                code="model_not_allowed",
-            )
-        if spec.model not in self._served_models():
-            raise OpenAIError(
-                404,
-                f"The model {spec.model!r} does not exist.",
-                param="model",
-                code="model_not_found",
-            )
+        self._gatekeeper.check_model(caller, spec.model)
         # The job's model calls are decided per call by the tier policy, as any request's;
         # an explicitly asked tier the key may not use is refused now rather than later.
         if tier is not None:

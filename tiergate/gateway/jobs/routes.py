@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
@@ -11,7 +12,6 @@ from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.api import JobsAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
-from tiergate.gateway.state import gateway_state
 from tiergate.protocol import JobCreate
 from tiergate.protocol.batches import BatchCreate
 
@@ -27,9 +27,16 @@ def add_job_components(schema: dict[str, Any]) -> None:
     schema.setdefault("components", {}).setdefault("schemas", {}).update(_JOB_DEFS)
 
 
-def register_job_routes(app: FastAPI) -> None:
+def register_job_routes(
+    app: FastAPI,
+    jobs_of: Callable[[Request], JobsAPI | None],
+    batches_of: Callable[[Request], BatchesAPI | None],
+) -> None:
+    """The routes, reaching the app's jobs and batches through ``jobs_of`` and
+    ``batches_of`` (the app's state, which these routes stand below)."""
+
     def api(request: Request) -> JobsAPI:
-        jobs = gateway_state(request).jobs
+        jobs = jobs_of(request)
         if jobs is None:
             raise OpenAIError(
                 404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
@@ -37,7 +44,7 @@ def register_job_routes(app: FastAPI) -> None:
         return jobs
 
     def batches(request: Request) -> BatchesAPI:
-        batches = gateway_state(request).batches
+        batches = batches_of(request)
         if batches is None:
             raise OpenAIError(
                 404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"

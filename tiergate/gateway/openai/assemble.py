@@ -15,16 +15,13 @@ echoed prompt, token ids, beam search) or that vLLM would refuse as streams diff
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from tiergate.gateway.errors import from_upstream
-from tiergate.gateway.openai.upstreamhttp import UpstreamDisconnected
+from tiergate.gateway.openai.upstreamhttp import UpstreamDisconnected, UpstreamResponse
 from tiergate.settings import TimeoutSettings
-
-if TYPE_CHECKING:  # selection imports this module, and upstream imports selection
-    from tiergate.gateway.openai.upstream import Opened
 
 # Request fields whose non-streamed answer differs from an assembled stream.
 _NOT_ASSEMBLED = (
@@ -231,7 +228,7 @@ _USAGE_FIELDS = frozenset(
 
 
 async def read_assembled(
-    opened: Opened, timeouts: TimeoutSettings, body: dict[str, Any], chat: bool
+    reader: UpstreamResponse, timeouts: TimeoutSettings, body: dict[str, Any], chat: bool
 ) -> tuple[dict[str, Any], float]:
     """The assembled answer to the request ``body`` and the gateway's own seconds spent
     assembling it. Raises
@@ -241,7 +238,6 @@ async def read_assembled(
     (an :class:`~tiergate.gateway.errors.OpenAIError`) when the engine sends one."""
     choice = body.get("tool_choice")
     assembler = AnswerAssembler(chat, choice == "required" or isinstance(choice, dict))
-    reader = opened.response
     buffer = b""
     spent = 0.0
     wait = timeouts.first_byte_seconds  # queueing and prefill come before the first token

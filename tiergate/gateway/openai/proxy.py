@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.access.auth import ON_BEHALF_OF, Caller
+from tiergate.gateway.access.auth import ON_BEHALF_OF
 from tiergate.gateway.access.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.logs import AccessLog
@@ -92,17 +92,9 @@ class CompletionsProxy:
         self._settings = settings
         self._gatekeeper = gatekeeper
         self._access_log = access_log
-        self._pools = pools
         self._metrics = metrics
         self._ids = RequestIds()
         self._caller = UpstreamCaller(pools, upstream, settings.timeouts, settings.policy, metrics)
-
-    def _serves(self, model: str) -> bool:
-        # A loop, not any() over a generator: twice per request, on the hot path.
-        for pool in self._pools.values():  # noqa: SIM110
-            if model in pool.model_names:
-                return True
-        return False
 
     async def handle(self, request: Request, path: str) -> Response:
         watch = DisconnectWatch(request)
@@ -148,7 +140,6 @@ class CompletionsProxy:
                 ROUTES[path],
             )
             fields.update(model=req.model, stream=req.stream)
-            self._check_model(req.model, caller)
             decision = self._gatekeeper.decide(caller, req)
             # Tier and Reason are StrEnums: their members are the strings (``.value`` is a
             # descriptor call, and the hot path would make six).
@@ -211,7 +202,7 @@ class CompletionsProxy:
         try:
             if assembled:
                 chat = req.route.path == "/v1/chat/completions"
-                assembly = read_assembled(opened, self._settings.timeouts, req.body, chat)
+                assembly = read_assembled(opened.response, self._settings.timeouts, req.body, chat)
                 data, assembling = await ctx.watch.race(assembly)
                 raw = b""
             else:
@@ -368,27 +359,6 @@ class CompletionsProxy:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _check_model(self, model: str, caller: Caller) -> None:
-        if self._serves(model):
-            return
-        known = set().union(*(pool.model_names for pool in self._pools.values()))
-        if not known:
-            raise OpenAIError(
-                503,
-                "No tier has reported its models yet; the backends may still be starting.",
-                code="backend_unavailable",
-                headers={"retry-after": "2"},
-            )
-        # Only the models this key may use are named: a key learns of no others.
-        usable = sorted(name for name in known if caller.may_use_model(name))
-        hint = f"; available: {', '.join(usable)}" if usable else ""
-        raise OpenAIError(
-            404,
-            f"The model {model!r} does not exist{hint}.",
-            param="model",
-            code="model_not_found",
-        )
-
     async def _upstream_error(self, ctx: RequestContext, opened: Opened) -> Response:
         try:
             raw = await opened.response.read()
@@ -465,7 +435,9 @@ class CompletionsProxy:
         elapsed = time.perf_counter() - started
         tier_label = tier if tier is not None else "none"
         # Only validated model names become label values, so the label set stays bounded.
-        model_label = model if model is not None and self._serves(model) else "unknown"
+        model_label = (
+            model if model is not None and self._gatekeeper.models.serves(model) else "unknown"
+        )
         m = self._metrics
         m.count(m.requests, tier_label, model_label, path, str(status))
         if tier is not None and status < 400:

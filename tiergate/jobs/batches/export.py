@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tiergate.jobs.run.agent import TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
 from tiergate.jobs.state.store import JobStore
 from tiergate.protocol.batches import BatchCreate, Rollout
+from tiergate.protocol.prompts import TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
 
 NO_COMMAND = (
     "No command found. Answer with one command in a ```bash block, or DONE if the task is complete."

@@ -21,32 +21,8 @@ from typing import Any, Literal
 import httpx
 
 from tiergate.protocol import CommandEntry, TrajectoryEntry
+from tiergate.protocol.prompts import SHELL_TOOL, TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
 from tiergate.sandbox import Sandbox
-
-TEXT_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
-To run a command, answer with exactly one command in a fenced block, like this:
-```bash
-ls -la
-```
-You will then see what it printed and its exit status. Work step by step.
-When the task is complete, answer with the single word DONE."""
-
-TOOLS_SYSTEM_PROMPT = """You are an agent in a Linux shell, in the directory /workspace.
-Use the shell tool to run commands; you will see their output and exit status. When the
-task is complete, answer without calling the tool."""
-
-SHELL_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "shell",
-        "description": "Run a shell command in /workspace and return its output.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
 
 _FENCE = re.compile(r"```(?:[a-zA-Z]*)\n(.*?)```", re.S)
 _DOLLAR = re.compile(r"^\s*\$ (.+)$", re.M)

@@ -61,11 +61,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-from tiergate.jobs.run.observe import WorkerMetrics
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import ENVIRONMENT_PATTERN
 from tiergate.settings import JobsSettings
@@ -123,6 +122,14 @@ def _stamp(at: float | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
+class BreakerMetrics(Protocol):
+    """Where a board reports what it sees (a worker's metrics are one)."""
+
+    def breaker_state(self, environment: str, state: str) -> None: ...
+    def breaker_transition(self, environment: str, to: str) -> None: ...
+    def infra_failure(self, environment: str, stage: str) -> None: ...
+
+
 class BreakerBoard:
     """Reads and changes the breakers in the job store; one per worker (or per command)."""
 
@@ -130,7 +137,7 @@ class BreakerBoard:
         self,
         store: JobStore,
         settings: JobsSettings,
-        metrics: WorkerMetrics | None = None,
+        metrics: BreakerMetrics | None = None,
         *,
         identity: str | None = None,
         clock: Callable[[], float] = time.time,

@@ -1,0 +1,40 @@
+"""What access control reports at scrape time: admission queues per tier and lane, and
+whether per-key limits are being counted in Redis."""
+
+from __future__ import annotations
+
+from prometheus_client.registry import Collector
+
+from tiergate.gateway.access.admission import Admission
+from tiergate.gateway.access.limits import Limiter
+
+
+class AdmissionCollector(Collector):
+    """Admission queue depth and in-flight per tier, and where limits are being counted."""
+
+    def __init__(self, admission: Admission, limiter: Limiter) -> None:
+        self._admission = admission
+        self._limiter = limiter
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import GaugeMetricFamily
+
+        depth = GaugeMetricFamily(
+            "tiergate_admission_queue_depth", "Requests waiting for a slot", labels=["tier", "lane"]
+        )
+        active = GaugeMetricFamily(
+            "tiergate_admission_in_flight", "Requests holding a slot", labels=["tier", "lane"]
+        )
+        for lane, gates in (("all", self._admission.tiers), ("long", self._admission.long)):
+            for tier, gate in gates.items():
+                depth.add_metric([tier.value, lane], float(gate.queued))
+                active.add_metric([tier.value, lane], float(gate.active))
+        yield depth
+        yield active
+        if self._limiter.configured_redis:
+            yield GaugeMetricFamily(
+                "tiergate_ratelimit_redis_up",
+                "1 while per-key limits are counted in Redis; 0 while this replica counts "
+                "them alone because Redis is unreachable",
+                value=1.0 if self._limiter.shared else 0.0,
+            )
