@@ -15,6 +15,7 @@ bootstrap:
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m tiergate.chartschema --check
 
 typecheck:

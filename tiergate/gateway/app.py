@@ -6,9 +6,8 @@ import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -28,8 +27,6 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.api import JobsAPI
-from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.jobs.routes import add_job_components, register_job_routes
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
@@ -46,10 +43,11 @@ from tiergate.gateway.state import (
     install_gateway_state,
 )
 from tiergate.gateway.tierinfo import TierEvidence, TierEvidenceCollector
-from tiergate.jobs.state.store import JobStore
-from tiergate.queue.pipeline import JobQueue
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
+
+if TYPE_CHECKING:
+    from tiergate.gateway.jobs.wiring import JobsWiring
 
 log = logging.getLogger("tiergate.gateway")
 
@@ -176,26 +174,13 @@ def create_app(settings: Settings) -> FastAPI:
         proxy = CompletionsProxy(settings, pools, upstream, metrics, gatekeeper, access_log)
         state = GatewayState(settings, session, pools, metrics, proxy, gatekeeper, evidence)
         install_gateway_state(app, state)
-        queue: JobQueue | None = None
-        stream_pool: ThreadPoolExecutor | None = None
+        wiring: JobsWiring | None = None
         if settings.jobs.enabled:
-            store = JobStore(settings.jobs.storage)
-            queue = JobQueue(settings.jobs.kafka)
-            # The job event streams' storage polls, apart from every other route's threads.
-            stream_pool = ThreadPoolExecutor(
-                max_workers=settings.jobs.stream_threads, thread_name_prefix="job-events"
-            )
-            state.jobs = JobsAPI(
-                settings.jobs,
-                store,
-                queue,
-                gatekeeper,
-                settings.gateway.max_body_bytes,
-                stream_pool,
-            )
-            state.batches = BatchesAPI(
-                state.jobs, store, settings.gateway.max_body_bytes, settings.jobs
-            )
+            # Imported here: a gateway without jobs loads no kafka, boto3 or job store.
+            from tiergate.gateway.jobs.wiring import build_jobs
+
+            wiring = build_jobs(settings, gatekeeper)
+            state.jobs, state.batches = wiring.jobs, wiring.batches
         for pool in pools.values():
             await pool.start()
         if isinstance(app, GatewayApp):
@@ -234,12 +219,8 @@ def create_app(settings: Settings) -> FastAPI:
             upstream.close()
             await session.close()
             await limiter.close()
-            if state.jobs is not None:
-                state.jobs.close()
-            if queue is not None:
-                queue.close()
-            if stream_pool is not None:
-                stream_pool.shutdown(wait=False, cancel_futures=True)
+            if wiring is not None:
+                wiring.close()
             if access_log is not None:
                 access_log.flush()
 

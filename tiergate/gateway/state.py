@@ -9,6 +9,7 @@ for it, so the routes stand below the app rather than beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from starlette.applications import Starlette
@@ -16,13 +17,15 @@ from starlette.requests import HTTPConnection
 
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.access.gatekeeper import Gatekeeper
-from tiergate.gateway.jobs.api import JobsAPI
-from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.openai.proxy import CompletionsProxy
 from tiergate.gateway.tierinfo import TierEvidence
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
+
+if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
+    from tiergate.gateway.jobs.api import JobsAPI
+    from tiergate.gateway.jobs.batches import BatchesAPI
 
 
 @dataclass(slots=True)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.api import JobsAPI
-from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.protocol import JobCreate
 from tiergate.protocol.batches import BatchCreate
+
+if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
+    from tiergate.gateway.jobs.api import JobsAPI
+    from tiergate.gateway.jobs.batches import BatchesAPI
 
 # The job's schema with its nested models under the description's components/schemas.
 _JOB_CREATE = JobCreate.model_json_schema(ref_template="#/components/schemas/{model}")
