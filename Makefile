@@ -1,5 +1,5 @@
 # The README's two commands are `make up` and `make test`; .ci/run calls `make test`.
-.PHONY: up test bootstrap lint typecheck pytest bench
+.PHONY: up test bootstrap lint typecheck docs pytest bench
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 up: bootstrap
 	$(BIN)/tiergate up
 
-test: bootstrap lint typecheck pytest
+test: bootstrap lint typecheck docs pytest
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -20,6 +20,10 @@ lint:
 
 typecheck:
 	$(BIN)/mypy
+
+# The manual (docs/), warnings as errors; the site lands in site/.
+docs:
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 pytest:
 	$(BIN)/pytest -ra

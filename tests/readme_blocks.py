@@ -1,5 +1,6 @@
-"""The README's code blocks marked for tests (``<!-- readme-test: NAME -->`` on the line
-before the fence), and running them as a reader would: bash with the venv's commands on
+"""The code blocks of the README and of the manual in docs/ marked for tests
+(``<!-- readme-test: NAME -->`` on the line before the fence; a name is used once across
+them), and running them as a reader would: bash with the venv's commands on
 PATH, Python with the venv's interpreter, the gateway's address in ``TIERGATE_BASE_URL``."""
 
 from __future__ import annotations
@@ -10,19 +11,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def documents() -> list[Path]:
+    """The README and every page of the manual."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 VENV_BIN = Path(sys.executable).parent
 
 
 def readme_block(name: str) -> tuple[str, str]:
     """(language, code) of the block marked ``name``."""
-    found = re.search(
-        rf"^<!-- readme-test: {re.escape(name)} -->\n```(\w+)\n(.*?)^```$",
-        README.read_text(),
-        re.S | re.M,
+    pattern = re.compile(
+        rf"^<!-- readme-test: {re.escape(name)} -->\n```(\w+)\n(.*?)^```$", re.S | re.M
     )
-    assert found, f"the README has no block marked readme-test: {name}"
-    return found.group(1), found.group(2)
+    found = [m for doc in documents() for m in pattern.finditer(doc.read_text())]
+    assert len(found) == 1, f"{len(found)} blocks marked readme-test: {name} (README, docs/)"
+    return found[0].group(1), found[0].group(2)
 
 
 def run_readme_block(

@@ -184,3 +184,20 @@ def test_readme_route_examples_run(gateway: str, tmp_path: Path, block: str) -> 
     done = run_readme_block(block, gateway, tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip(), done.stderr
+
+
+def test_the_readmes_first_calls_run(gateway: str, tmp_path: Path) -> None:
+    """The README's first screen, verbatim: the curl call, the openai client's call and
+    stream, and the tiers' description."""
+    curl = run_readme_block("first-curl", gateway, tmp_path, timeout=600)
+    assert curl.returncode == 0, curl.stderr
+    answer = json.loads(curl.stdout)
+    assert answer["service_tier"] == "priority" and answer["choices"][0]["message"]["content"]
+    client = run_readme_block("first-openai", gateway, tmp_path, timeout=600)
+    assert client.returncode == 0, client.stderr
+    first, *chunks = client.stdout.splitlines()
+    assert first.startswith("priority ")
+    assert chunks and "usage=CompletionUsage" in chunks[-1], chunks[-3:]
+    tiers = run_readme_block("tiers", gateway, tmp_path, timeout=60)
+    assert tiers.returncode == 0, tiers.stderr
+    assert {"standard", "fast"} <= {t["tier"] for t in json.loads(tiers.stdout)["data"]}

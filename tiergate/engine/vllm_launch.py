@@ -11,7 +11,7 @@ whose ``__getattr__`` forwards the lookup to the plain function inside: Attribut
 "Compiling model again due to a load failure", and every compiled start costs the whole
 compile again (145 s against 40 s from cache for the 135M model on a 2-core Xeon). That
 wrapper's deserializer has loaded it whole already, so a no-op ``finalize_loading`` is
-right for it (the upstream fix is a ``hasattr`` check at that call; README, "Notes").
+right for it (the upstream fix is a ``hasattr`` check at that call; docs/notes.md).
 
 The patch runs at import, so it also runs in vLLM's engine process, which the CPU platform
 starts with multiprocessing's "spawn" (spawn imports the main module again as

@@ -51,7 +51,7 @@ class BatchCreate(Strict):
     domain_weights: dict[str, float] = Field(default_factory=dict)
     budget: BatchBudget = Field(default_factory=BatchBudget)
     max_in_flight: int = Field(8, ge=1, le=1024)
-    # Rewards clipped to +-clip after the per-domain scale normalization (README, Batches).
+    # Rewards clipped to +-clip after the per-domain scale normalization (docs/batches.md).
     advantage_clip: float = Field(5.0, gt=0)
     metadata: dict[str, str] = Field(default_factory=dict)
 

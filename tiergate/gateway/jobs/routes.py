@@ -68,7 +68,7 @@ def register_job_routes(
     )
     async def create_batch(request: Request) -> Response:
         """A rollout batch: tasks across domains, several samples each, run as the key's
-        own jobs and scheduled by the workers (README, "Rollout batches")."""
+        own jobs and scheduled by the workers (docs/batches.md)."""
         return await batches(request).create(request)
 
     @app.post(

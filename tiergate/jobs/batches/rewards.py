@@ -1,4 +1,4 @@
-"""Rewards normalized where they are compared (the README's "Batches" section has the
+"""Rewards normalized where they are compared (docs/batches.md has the
 formulas).
 
 A rollout's raw reward ``r`` is its verifier's reward, or 1.0 / 0.0 for passed / not
