@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from tiergate.settings import Recipe
 
-Verdict = Literal["faster", "equal"]
+TierVerdict = Literal["faster", "equal"]
 CandidateStatus = Literal["chosen", "passed", "failed parity", "too slow", "skipped", "error"]
 
 
@@ -73,7 +73,7 @@ class TierDecision(BaseModel):
     screening_mode: Literal["eager", "compiled"] | None = None
     # ``None``: the fast tier runs the standard configuration itself.
     chosen: Recipe | None
-    verdict: Verdict
+    verdict: TierVerdict
     reason: str
     speedup: dict[str, float] = Field(default_factory=dict)
     candidates: list[CandidateResult] = Field(default_factory=list)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tiergate.gateway.access.auth import ANONYMOUS, Caller
-from tiergate.gateway.access.policy import AskedTier, Needs, Reason, TierDecision, TierPolicy
+from tiergate.gateway.access.policy import AskedTier, Needs, Reason, TierChoice, TierPolicy
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import ApiKey, PolicySettings
 from tiergate.tiers import Tier
@@ -34,7 +34,7 @@ def _policy(
 
 def test_asked_tier_is_served_with_the_other_as_fallback() -> None:
     decision = _policy().decide(ANONYMOUS, AskedTier(Tier.FAST, Reason.REQUESTED), CHAT)
-    assert decision == TierDecision(Tier.FAST, Reason.REQUESTED, Tier.STANDARD)
+    assert decision == TierChoice(Tier.FAST, Reason.REQUESTED, Tier.STANDARD)
     assert decision.tiers == (Tier.FAST, Tier.STANDARD)
     no_fallback = _policy(fallback=False).decide(ANONYMOUS, AskedTier(Tier.FAST), CHAT)
     assert no_fallback.tiers == (Tier.FAST,)
@@ -69,21 +69,21 @@ def test_key_tiers_refuse_an_asked_tier_and_move_an_implicit_one() -> None:
     assert err.value.status == 403 and err.value.code == "tier_not_allowed"
     moved = _policy("fast").decide(standard_only, AskedTier(None), CHAT)
     # Moved to the tier the key may use, and no fallback to one it may not.
-    assert moved == TierDecision(Tier.STANDARD, Reason.KEY, None)
+    assert moved == TierChoice(Tier.STANDARD, Reason.KEY, None)
 
 
 def test_sampling_the_fast_engine_refuses_goes_to_standard_even_when_asked() -> None:
     needs = Needs("/v1/chat/completions", fast_compatible=False)
     decision = _policy().decide(ANONYMOUS, AskedTier(Tier.FAST, Reason.REQUESTED), needs)
     # And never falls back onto the tier that would refuse it.
-    assert decision == TierDecision(Tier.STANDARD, Reason.CAPABILITY, None)
+    assert decision == TierChoice(Tier.STANDARD, Reason.CAPABILITY, None)
 
 
 def test_routes_follow_what_each_tier_serves() -> None:
     routes = {Tier.STANDARD: {"/v1/embeddings", "/v1/chat/completions"}, Tier.FAST: set()}
     policy = _policy("fast", routes=routes)
     embed = Needs("/v1/embeddings")
-    assert policy.decide(ANONYMOUS, AskedTier(None), embed) == TierDecision(
+    assert policy.decide(ANONYMOUS, AskedTier(None), embed) == TierChoice(
         Tier.STANDARD, Reason.CAPABILITY
     )
     with pytest.raises(OpenAIError) as not_on_tier:

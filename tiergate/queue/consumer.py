@@ -59,8 +59,8 @@ class Work:
 
 # What a slot says of a record: "done" (commit it), "later" (try again after the delay
 # given), "open" (leave it uncommitted: abandoned to the next owner).
-Verdict = tuple[str, float]
-Handler = Callable[[int, Work], Verdict]
+Disposition = tuple[str, float]
+Handler = Callable[[int, Work], Disposition]
 
 
 class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -100,7 +100,7 @@ class JobConsumer:
         self._book: OffsetBook[TopicPartition] = OffsetBook()
         self._free: deque[int] = deque(range(slots))
         self._inboxes: list[queue.Queue[Work | None]] = [queue.Queue() for _ in range(slots)]
-        self._done: queue.Queue[tuple[int, Work, Verdict]] = queue.Queue()
+        self._done: queue.Queue[tuple[int, Work, Disposition]] = queue.Queue()
         self._later: list[Work] = []  # a heap by due time
         self._waiting: deque[Work] = deque()  # taken from a poll with no slot free
         self._consumer: KafkaConsumer | None = None

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiergate.evidence import CandidateResult, ParitySummary, Verdict
+from tiergate.evidence import CandidateResult, ParitySummary, TierVerdict
 from tiergate.settings import Recipe
 
 
 @dataclass(frozen=True)
 class Choice:
     recipe: Recipe | None
-    verdict: Verdict
+    verdict: TierVerdict
     reason: str
     speedup: dict[str, float]
 

@@ -10,7 +10,7 @@ from tiergate.gateway.access.admission import Admission, Ticket
 from tiergate.gateway.access.auth import Authenticator, Caller
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.access.models import ServedModels
-from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierDecision, TierPolicy
+from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierChoice, TierPolicy
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.settings import KeyLimits, Settings
@@ -108,7 +108,7 @@ class Gatekeeper:
         """The one model check, for requests and jobs alike (:class:`ServedModels`)."""
         self.models.check(caller, model)
 
-    def decide(self, caller: Caller, req: Asking) -> TierDecision:
+    def decide(self, caller: Caller, req: Asking) -> TierChoice:
         """The model check, then the tier policy's decision."""
         self.models.check(caller, req.model)
         return self.policy.decide(caller, req.asked, req.needs)

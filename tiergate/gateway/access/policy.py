@@ -1,6 +1,6 @@
 """The one owner of a request's tier: :class:`TierPolicy` turns what was asked, what the
 key may use, what each tier can do and how busy the fast tier is into one immutable
-:class:`TierDecision` with its reason. Every route, and job submission, asks it; nothing
+:class:`TierChoice` with its reason. Every route, and job submission, asks it; nothing
 else picks or changes a tier (the upstream caller only follows ``decision.tiers``).
 """
 
@@ -50,7 +50,7 @@ class Needs:
 
 
 @dataclass(frozen=True, slots=True)
-class TierDecision:
+class TierChoice:
     tier: Tier
     reason: Reason
     # The tier to move to before the first byte if ``tier`` has no healthy endpoint.
@@ -108,7 +108,7 @@ class TierPolicy:
             return tier, Reason.HEADROOM
         return Tier(auto), Reason.AUTO
 
-    def decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierDecision:
+    def decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierChoice:
         """The tier to serve on, or the error that says why none can be: 403 for a tier the
         key may not use, 400 for an asked tier that cannot serve the request, 404 for a
         route neither tier serves."""
@@ -118,7 +118,7 @@ class TierPolicy:
             return decision  # cost about 1% of a proxied request's CPU)
         return dataclasses.replace(decision, urgency=urgency)
 
-    def _decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierDecision:
+    def _decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierChoice:
         usable = [t for t in _TIERS if caller.may_use_tier(t)]
         if asked.tier is not None:
             tier, reason = asked.tier, asked.reason
@@ -135,7 +135,7 @@ class TierPolicy:
             # request's sampling options (speculation) or lacks the route: another serves.
             other = self._next_serving(tier, usable, needs)
             if other is not None:
-                return TierDecision(other, Reason.CAPABILITY)
+                return TierChoice(other, Reason.CAPABILITY)
             serving = [t for t in Tier if self._serves_route(t, needs.route) is not False]
             if not serving:
                 raise _route_not_served(needs.route)
@@ -144,7 +144,7 @@ class TierPolicy:
             # Sampling options the fast engine refuses, and the key may not use standard:
             # vLLM's own refusal says which option.
         fallback = self._next_serving(tier, usable, needs) if self._settings.fallback else None
-        return TierDecision(tier, reason, fallback)
+        return TierChoice(tier, reason, fallback)
 
     def _next_usable(self, tier: Tier, usable: list[Tier]) -> Tier:
         """The first tier after ``tier`` in its fallback order that the key may use (any

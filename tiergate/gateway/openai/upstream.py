@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tiergate.backends.endpoint import Endpoint
 from tiergate.backends.pool import TierPool
-from tiergate.gateway.access.policy import TierDecision
+from tiergate.gateway.access.policy import TierChoice
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.openai.selection import InspectedRequest
@@ -69,7 +69,7 @@ class UpstreamCaller:
     async def open(
         self,
         req: InspectedRequest,
-        decision: TierDecision,
+        decision: TierChoice,
         body: bytes,
         request_id: str,
         long_prompt: bool = False,

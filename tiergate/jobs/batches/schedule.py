@@ -42,7 +42,7 @@ class Sample:
 
 
 @dataclass
-class Plan:
+class RoundPlan:
     start: list[Sample] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)  # job ids still queued to cancel
 
@@ -51,10 +51,10 @@ def terminal(rollout: Rollout) -> bool:
     return rollout.status in TERMINAL
 
 
-def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> Plan:
+def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> RoundPlan:
     """Change ``batch`` (round, skips, removed domains, status) and say what to start and
     what to cancel now."""
-    plan = Plan()
+    plan = RoundPlan()
     _remove_failing_domains(batch)
     if cancelled and batch.status == "in_progress":
         batch.status = "cancelled"

@@ -10,7 +10,7 @@ import os
 import threading
 from pathlib import Path
 
-from tiergate.jobs.state.breaker import Verdict
+from tiergate.jobs.state.breaker import FailureKind
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import JobLimits, JobMessage, TrajectoryEntry
 from tiergate.sandbox import Sandbox, SandboxError
@@ -140,7 +140,7 @@ def unpack_upload(
         path.unlink(missing_ok=True)
 
 
-def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[Verdict, str]:
+def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[FailureKind, str]:
     """A verifier that ran and judged (any exit status below 126, a wrong answer included)
     shows the environment works; 126 and up (not executable, not found, killed by a signal)
     or a negative status (the sandbox itself killed) is a crash of the environment. A

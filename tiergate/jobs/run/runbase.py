@@ -21,7 +21,7 @@ from tiergate.jobs.run.jobsandbox import (
     store_artifacts,
 )
 from tiergate.jobs.run.observe import WorkerMetrics
-from tiergate.jobs.state.breaker import BreakerBoard, Verdict
+from tiergate.jobs.state.breaker import BreakerBoard, FailureKind
 from tiergate.jobs.state.lease import Leases, RunLease
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.share import FleetShare
@@ -76,7 +76,7 @@ class RunnerBase:
         # The environment's circuit breaker (tiergate.jobs.state.breaker), shared by all workers
         # through the store; _run leaves what the job said about its environment here.
         self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
-        self._verdict: tuple[Verdict, str] = ("neutral", "")
+        self._verdict: tuple[FailureKind, str] = ("neutral", "")
         self._registry = Registry(store.objects)
         self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
         # Wall-clock times of the last job: its message picked up, its first command's

@@ -54,7 +54,7 @@ from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.jobs.state.sweep import Sweeper
 from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
-from tiergate.queue.consumer import JobConsumer, Verdict, Work
+from tiergate.queue.consumer import Disposition, JobConsumer, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.membership import Membership
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
@@ -309,7 +309,7 @@ class Worker:
         except (KafkaError, AssertionError) as exc:
             log.warning("commit of %s:%d failed: %r", tp, offset, exc)
 
-    def _run_record(self, index: int, work: Work) -> Verdict:
+    def _run_record(self, index: int, work: Work) -> Disposition:
         """A slot's record: what the consumer does with its offset afterwards."""
         runner = self._runners[index]
         try:

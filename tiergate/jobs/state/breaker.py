@@ -74,7 +74,7 @@ log = logging.getLogger("tiergate.breaker")
 State = Literal["closed", "open", "half_open"]
 # What a finished job says about its environment: it worked, it broke (the stage), or
 # nothing (cancelled, timed out, model errors...).
-Verdict = Literal["ok", "neutral", "setup", "sandbox_start", "verifier"]
+FailureKind = Literal["ok", "neutral", "setup", "sandbox_start", "verifier"]
 INFRA_STAGES = ("setup", "sandbox_start", "verifier")
 # The stages whose commands the job's owner wrote: counted once per owner (see above).
 OWNERS_STAGES = ("setup", "verifier")
@@ -109,7 +109,7 @@ class Breaker(BaseModel):
 
 
 @dataclass(frozen=True)
-class Admission:
+class BreakerAdmission:
     allowed: bool
     probe: bool
     breaker: Breaker
@@ -232,12 +232,12 @@ class BreakerBoard:
 
     def admit(
         self, environment: str, job_id: str, seen: tuple[Breaker, str | None] | None = None
-    ) -> Admission:
+    ) -> BreakerAdmission:
         """May ``job_id`` run in ``environment`` now? Claims the probe when one is due.
         ``seen``: the breaker as :meth:`read` returned it moments ago (the worker reads it
         with the pickup's other reads); a closed one admits without another round trip."""
         if not self.enabled:
-            return Admission(True, False, Breaker(environment=environment))
+            return BreakerAdmission(True, False, Breaker(environment=environment))
         cooldown = self._settings.cooldown_seconds
         decided: dict[str, bool] = {}
 
@@ -264,8 +264,8 @@ class BreakerBoard:
 
         after = self._change(environment, change, seen)[1]
         if decided.get("allowed"):
-            return Admission(True, bool(decided.get("probe")), after)
-        return Admission(False, False, after, self._refusal(after, cooldown))
+            return BreakerAdmission(True, bool(decided.get("probe")), after)
+        return BreakerAdmission(False, False, after, self._refusal(after, cooldown))
 
     def _probe_ended(self, job_id: str) -> bool:
         try:
@@ -289,7 +289,7 @@ class BreakerBoard:
         )
 
     def record(
-        self, environment: str, job_id: str, verdict: Verdict, detail: str = "", owner: str = ""
+        self, environment: str, job_id: str, verdict: FailureKind, detail: str = "", owner: str = ""
     ) -> None:
         """What a finished job (or one handed back for retry) of ``owner`` says about its
         environment."""
@@ -314,7 +314,7 @@ class BreakerBoard:
                     return b
                 return None
             if verdict in OWNERS_STAGES and owner in b.owners:
-                verdict_now: Verdict = "neutral"  # this owner's commands counted already
+                verdict_now: FailureKind = "neutral"  # this owner's commands counted already
             else:
                 verdict_now = verdict
             if verdict_now == "neutral":
