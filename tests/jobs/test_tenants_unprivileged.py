@@ -145,8 +145,11 @@ def test_a_neighbour_on_a_non_root_worker_reaches_nothing_of_a_running_job(
                 f"echo mallory >> {target}",
                 f"ls -la {work_dir} {workspace}",
                 # The whole file system it can see, for Alice's secret (not /proc: its own
-                # command line names the pattern).
-                "grep -rIl ALICE-SECRET- / --exclude-dir=proc --exclude-dir=sys | head",
+                # command line names the pattern; not /usr: the host's, bound read-only into
+                # every job, where no job can write, and 5 GB whose reading from a cold disk
+                # outlasted the job's time limit in CI).
+                "grep -rIl ALICE-SECRET- / --exclude-dir=proc --exclude-dir=sys"
+                " --exclude-dir=usr | head",
                 # Every process it can see, by command line (Alice's holds the secret).
                 "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
                 # (Each marker the test looks for is spelt so that the attack's own command
@@ -163,7 +166,9 @@ def test_a_neighbour_on_a_non_root_worker_reaches_nothing_of_a_running_job(
         )
         mallory = stack.submit(_job([attack], "true"), headers=keys.headers("mallory"))
         headers = keys.headers("mallory")
-        ended = stack.wait(mallory["id"], lambda j: j["status"] in ENDED, 120, headers)
+        # Longer than the job's own limit (120 s): a slow attack ends as the job's timeout,
+        # with its outputs, not as this wait's.
+        ended = stack.wait(mallory["id"], lambda j: j["status"] in ENDED, 180, headers)
         seen = _outputs(ended)
         for control in ("attack-42-done", "processes-42=", "environ-42-readable"):
             assert control in seen, (control, seen)
