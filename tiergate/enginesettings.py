@@ -6,7 +6,6 @@ name here), split out by concept as :mod:`tiergate.jobsettings` is.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -17,12 +16,6 @@ from tiergate.speculative.config import SpeculativeConfig
 from tiergate.tiers import Tier
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def default_cache_dir() -> Path:
-    """Where prepared models, logs and reports live (``TIERGATE_CACHE_DIR`` overrides)."""
-    env = os.environ.get("TIERGATE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "tiergate"
 
 
 class QuantizeSpec(_Section):
@@ -131,11 +124,11 @@ class TuningSettings(_Section):
         return self.seconds_per_candidate * len(self.candidates)
 
     def decision_path(self) -> Path:
-        return (
-            Path(self.decision_file)
-            if self.decision_file
-            else default_cache_dir() / "models" / "tier-decision.json"
-        )
+        """The decision's file: ``decision_file``, which the settings tree fills in beside
+        the models (``<cache_dir>/models/tier-decision.json``) when not set."""
+        if not self.decision_file:
+            raise ValueError("tuning.decision_file: not set (a tuning outside the settings tree)")
+        return Path(self.decision_file)
 
 
 class TierProfile(_Section):
@@ -174,7 +167,7 @@ class TierProfile(_Section):
         return "eager" if self.enforce_eager else "compiled"
 
 
-def _default_profiles() -> dict[Tier, TierProfile]:
+def default_profiles(cache_dir: Path) -> dict[Tier, TierProfile]:
     # The fast tier's recipe depends on the processor (INT8 is faster than bf16 on one CPU
     # and three times slower on another), so it is not a constant: the tuner measures the
     # candidates on this machine and its decision fills in the fast profile.
@@ -185,7 +178,7 @@ def _default_profiles() -> dict[Tier, TierProfile]:
     # 0.32 alone cannot (tiergate.engine.vllm_launch). `tiergate up --eager` starts eager
     # engines (30-60 s, slower serving). The tuner screens candidates eager
     # (tuning.screen_eager) and measures the chosen one again compiled.
-    model = str(default_cache_dir() / "models" / DEFAULT_MODEL_NAME)
+    model = str(cache_dir / "models" / DEFAULT_MODEL_NAME)
     return {
         Tier.STANDARD: TierProfile(model=model, port=8101, cpu_cores="0"),
         Tier.FAST: TierProfile(model=model, tuned=True, port=8102, cpu_cores="1"),

@@ -4,11 +4,16 @@ Sources, highest priority first: keyword arguments (tests), environment variable
 (``TIERGATE_`` prefix, ``__`` between nested names, e.g. ``TIERGATE_GATEWAY__PORT=9000``,
 JSON for lists and objects), the YAML file named by ``TIERGATE_CONFIG``, then defaults.
 The tree is built by :func:`load_settings` at process start, never at import.
+
+Every environment variable tiergate reads is a field here, under the name it is set by:
+the process's own (``TIERGATE_CONFIG``, ``TIERGATE_CACHE_DIR``, ``TIERGATE_QUANT_PYTHON``,
+``TIERGATE_GPU_NAME``: the prefix and a root field's name) and prometheus_client's
+``PROMETHEUS_MULTIPROC_DIR``. Code takes them from the tree it was handed, never from
+``os.environ``. (Variables passed on to child processes, vLLM's among them, are theirs.)
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,8 +30,7 @@ from tiergate.enginesettings import QuantizeSpec as QuantizeSpec
 from tiergate.enginesettings import Recipe as Recipe
 from tiergate.enginesettings import TierProfile as TierProfile
 from tiergate.enginesettings import TuningSettings as TuningSettings
-from tiergate.enginesettings import _default_profiles
-from tiergate.enginesettings import default_cache_dir as default_cache_dir
+from tiergate.enginesettings import default_profiles
 from tiergate.jobsettings import JobCaps as JobCaps
 from tiergate.jobsettings import JobsSettings as JobsSettings
 from tiergate.jobsettings import KafkaSettings as KafkaSettings
@@ -35,6 +39,12 @@ from tiergate.jobsettings import StorageSettings as StorageSettings
 from tiergate.jobsettings import WorkerSettings as WorkerSettings
 from tiergate.sectionbase import Section as _Section
 from tiergate.tiers import Tier
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class SettingsError(Exception):
+    """A setting is wrong; the message names it."""
 
 
 class DnsDiscovery(_Section):
@@ -312,9 +322,14 @@ class Settings(BaseSettings):
         extra="forbid",
     )
 
+    # Where prepared models, logs, reports and the local stack's data live
+    # (TIERGATE_CACHE_DIR). First: the profiles' and the decision's defaults are under it.
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "tiergate")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     tiers: dict[Tier, PoolSettings] = Field(default_factory=_default_tiers)
-    profiles: dict[Tier, TierProfile] = Field(default_factory=_default_profiles)
+    profiles: dict[Tier, TierProfile] = Field(
+        default_factory=lambda data: default_profiles(data["cache_dir"])
+    )
     health: HealthSettings = Field(default_factory=HealthSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
@@ -325,12 +340,35 @@ class Settings(BaseSettings):
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     tuning: TuningSettings = Field(default_factory=TuningSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # The process's own variables (the module's docstring). ``config``: the YAML file this
+    # tree was read from (TIERGATE_CONFIG; only the environment names it).
+    config: Path | None = None
+    # The quantization environment's interpreter (scripts/install-quant.sh makes it).
+    quant_python: Path = Field(default_factory=lambda: _REPO / ".venv-quant" / "bin" / "python")
+    # The accelerator in the hardware fingerprint (the chart sets it from its values).
+    gpu_name: str = Field("none", min_length=1)
+    # Prometheus multiprocess mode's folder: set, /metrics adds up every process's files
+    # (``tiergate serve --workers N`` sets it for its workers; prometheus_client reads it
+    # too, under this name).
+    prometheus_multiproc_dir: str | None = Field(None, validation_alias="PROMETHEUS_MULTIPROC_DIR")
+
+    @field_validator("prometheus_multiproc_dir")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        return value or None
 
     @model_validator(mode="after")
     def _both_tiers(self) -> Settings:
         missing = [t.value for t in Tier if t not in self.tiers]
         if missing:
             raise ValueError(f"tiers: missing pool for {', '.join(missing)}")
+        return self
+
+    @model_validator(mode="after")
+    def _decision_beside_the_models(self) -> Settings:
+        if not self.tuning.decision_file:
+            where = self.cache_dir / "models" / "tier-decision.json"
+            self.tuning = self.tuning.model_copy(update={"decision_file": str(where)})
         return self
 
     @classmethod
@@ -343,21 +381,17 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("TIERGATE_CONFIG")
+        # The file is named by the environment alone (the tree's own reading of it).
+        config_file = env_settings().get("config")
         if config_file:
+            if not Path(config_file).is_file():
+                raise SettingsError(f"TIERGATE_CONFIG: no such file: {config_file}")
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
 
 
-class SettingsError(Exception):
-    """A setting is wrong; the message names it."""
-
-
 def load_settings(**overrides: Any) -> Settings:
     """Build the settings tree, turning validation errors into one readable message."""
-    config_file = os.environ.get("TIERGATE_CONFIG")
-    if config_file and not Path(config_file).is_file():
-        raise SettingsError(f"TIERGATE_CONFIG: no such file: {config_file}")
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -25,20 +25,21 @@ from tiergate.measure.diskspace import (
     low_disk_message,
 )
 from tiergate.sandbox import LimitsUnavailable
-from tiergate.settings import Settings, TierProfile, default_cache_dir
+from tiergate.settings import Settings, TierProfile
 from tiergate.tiers import Tier
 from tiergate.tuning.layout import EngineLayout, ensure_layout, serves_one, stored_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan
 
 
-def stack_paths() -> list[Path]:
+def stack_paths(settings: Settings) -> list[Path]:
     """Where the local stack writes: its own cache (models, logs, the jobs' object store
-    and broker, sandboxes), Hugging Face's and vLLM's caches, the temporary directory."""
+    and broker, sandboxes), Hugging Face's and vLLM's caches (as those libraries resolve
+    them: their variables are theirs), the temporary directory."""
     from huggingface_hub import constants
 
     vllm_cache = os.environ.get("VLLM_CACHE_ROOT") or str(Path.home() / ".cache" / "vllm")
     hub_cache = Path(constants.HF_HUB_CACHE)
-    return [default_cache_dir(), hub_cache, Path(vllm_cache), Path(tempfile.gettempdir())]
+    return [settings.cache_dir, hub_cache, Path(vllm_cache), Path(tempfile.gettempdir())]
 
 
 def _say(message: str) -> None:
@@ -184,11 +185,11 @@ def run_local_stack(
             for tier, p in settings.profiles.items()
         }
         settings = settings.model_copy(update={"profiles": profiles})
-    short = low_disk_message(check_stack_disks(stack_paths(), min_free_gib))
+    short = low_disk_message(check_stack_disks(stack_paths(settings), min_free_gib))
     if short is not None:
         _say(f"error: {short}")
         return 1
-    log_dir = default_cache_dir() / "logs"
+    log_dir = settings.cache_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     engines: list[Engine] = []
     supervisor = Supervisor(_say)
@@ -213,7 +214,7 @@ def run_local_stack(
             )
             settings = settings.model_copy(update={"jobs": jobs_settings})
         standard_profile = settings.profiles[Tier.STANDARD]
-        prepare_profile_model(standard_profile)
+        prepare_profile_model(standard_profile, settings)
         standard = _engine(Tier.STANDARD, standard_profile, log_dir)
         engines.append(standard)
         wait_ready([standard], progress=_say)

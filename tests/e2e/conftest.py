@@ -53,8 +53,9 @@ class VllmServer:
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Tier, VllmServer]]:
     logs = tmp_path_factory.mktemp("vllm-logs")
-    profiles = load_settings().profiles
-    standard_model = str(prepare_profile_model(profiles[Tier.STANDARD]))
+    settings = load_settings()
+    profiles = settings.profiles
+    standard_model = str(prepare_profile_model(profiles[Tier.STANDARD], settings))
     chosen = {
         Tier.STANDARD: profiles[Tier.STANDARD],
         Tier.FAST: recipe_profile(profiles[Tier.FAST], FAST_RECIPE, standard_model),

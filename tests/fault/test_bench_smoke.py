@@ -56,7 +56,9 @@ def test_the_tier_benchmark_measures_a_plain_vllm_in_the_same_turns(
 ) -> None:
     """Fakes stand in for the engines: the machinery, not the figures."""
     with running_gateway(gateway_settings([fakes[0].url], [fakes[2].url])) as base:
-        result = bench_tiers(base, MODEL, [], [1, 2], 2, 8, rounds=3, plain=fakes[1].url)
+        result = bench_tiers(
+            base, MODEL, [], [1, 2], 2, 8, rounds=3, plain=fakes[1].url, gpu="none"
+        )
     assert list(result["tiers"]) == ["standard", "fast", PLAIN]
     assert set(result["vs_plain"]) == {"1", "2"}
     assert set(result["vs_plain"]["2"]) == {"standard", "fast"}

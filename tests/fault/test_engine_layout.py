@@ -77,7 +77,9 @@ def test_one_engine_serves_both_tiers_when_the_layout_says_one(tmp_path: Path) -
     from tiergate.measure.fingerprint import hardware_fingerprint
 
     settings = _settings(tmp_path)
-    decision = _decision(settings, hardware_fingerprint()).model_copy(update={"chosen": None})
+    decision = _decision(settings, hardware_fingerprint(settings.gpu_name)).model_copy(
+        update={"chosen": None}
+    )
     urls = {Tier.STANDARD: "http://127.0.0.1:8101", Tier.FAST: "http://127.0.0.1:8102"}
     fast = settings.profiles[Tier.FAST]
     base = dict(

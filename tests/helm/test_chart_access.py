@@ -183,6 +183,14 @@ SECTION_VALUES: dict[str, Any] = {
     "jobs": {"caps": {"max_steps": 42}, "sandbox": {"max_processes": 99}},
     "tuning": {"min_speedup": 1.25},
     "log_level": "DEBUG",
+    # The process's own variables (tiergate/settings.py): a file may set them too, but the
+    # config file itself is named by the pod's TIERGATE_CONFIG, and the metrics folder by
+    # `serve --workers`.
+    "config": {},
+    "cache_dir": "/var/cache/tiergate",
+    "quant_python": "/opt/quant/bin/python",
+    "gpu_name": "l4-24gb",
+    "prometheus_multiproc_dir": {},
 }
 
 
@@ -199,6 +207,8 @@ def _check_sections(settings: Settings) -> None:
     assert settings.jobs.caps.max_steps == 42 and settings.jobs.sandbox.max_processes == 99
     assert settings.tuning.min_speedup == 1.25
     assert settings.log_level == "DEBUG"
+    assert str(settings.cache_dir) == "/var/cache/tiergate" and settings.gpu_name == "l4-24gb"
+    assert str(settings.quant_python) == "/opt/quant/bin/python"
 
 
 def test_every_settings_section_reaches_the_pods(
@@ -252,7 +262,9 @@ def test_schema_is_generated_from_the_settings() -> None:
         "run `python -m tiergate.chartschema`"
     )
     assert chartschema.main(["--check"]) == 0
-    assert on_disk["$defs"]["Settings"]["properties"].keys() == Settings.model_fields.keys()
+    # Each field by the name a file gives it (prometheus_client's folder: its variable's).
+    named = [str(f.validation_alias or n) for n, f in Settings.model_fields.items()]
+    assert list(on_disk["$defs"]["Settings"]["properties"]) == named
     for path in chartschema.SETTINGS_AT:
         node = on_disk
         for name in path:

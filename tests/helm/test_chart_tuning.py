@@ -76,7 +76,7 @@ def test_tuning_job_and_the_fast_tiers_gate() -> None:
 
 
 def _decision(settings: Settings, chosen: Recipe | None) -> TierDecision:
-    fingerprint = hardware_fingerprint()
+    fingerprint = hardware_fingerprint(settings.gpu_name)
     return TierDecision(
         fingerprint=fingerprint,
         fingerprint_digest=digest(fingerprint),

@@ -61,9 +61,8 @@ def test_default_is_built_once_reused_and_rebuilt_when_its_manifest_changes(
     s3: str,
     model: FakeVllm,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("TIERGATE_CACHE_DIR", str(tmp_path / "cache"))
+    work = tmp_path / "cache" / "envs"
     manifest = tmp_path / "default.yaml"
     manifest.write_text(MANIFEST.format(motd="first"))
     builds: list[Manifest] = []
@@ -73,14 +72,18 @@ def test_default_is_built_once_reused_and_rebuilt_when_its_manifest_changes(
         broker, s3, model, tmp_path, jobs={"sandbox": {"cache_dir": cache_dir()}}
     ) as stack:
         registry = Registry(ObjectStore(stack.jobs.storage))
-        first = ensure_default_environment(stack.jobs, manifest, said.append, fake_build)
+        first = ensure_default_environment(
+            stack.jobs, manifest, said.append, fake_build, work_dir=work
+        )
         assert len(builds) == 1 and builds[0].files == {"/etc/motd": "first\n"}
         resolved = registry.resolve("default")
         assert resolved is not None and resolved.digest == first.digest != built_env.digest
         unpacked = Path(stack.jobs.sandbox.cache_dir) / "envs" / first.digest / "rootfs"
         assert (unpacked / "etc/motd").read_text() == "first\n"
 
-        again = ensure_default_environment(stack.jobs, manifest, said.append, fake_build)
+        again = ensure_default_environment(
+            stack.jobs, manifest, said.append, fake_build, work_dir=work
+        )
         assert len(builds) == 1, "the same manifest was built again"
         assert again.digest == first.digest
         assert any(f"reusing {first.digest[:12]}" in line for line in said), said
@@ -100,7 +103,9 @@ def test_default_is_built_once_reused_and_rebuilt_when_its_manifest_changes(
         assert command["output"].rstrip().endswith("first"), command["output"]
 
         manifest.write_text(MANIFEST.format(motd="second"))
-        changed = ensure_default_environment(stack.jobs, manifest, said.append, fake_build)
+        changed = ensure_default_environment(
+            stack.jobs, manifest, said.append, fake_build, work_dir=work
+        )
         assert len(builds) == 2 and builds[1].files == {"/etc/motd": "second\n"}
         assert changed.digest != first.digest
         resolved = registry.resolve("default")
@@ -121,7 +126,9 @@ def test_a_failed_build_stops_the_stack_with_its_reason(s3: str, tmp_path: Path)
         raise BuildError("mmdebstrap failed (exit 1)")
 
     with pytest.raises(DefaultEnvironmentFailed) as failed:
-        ensure_default_environment(jobs, SHIPPED_MANIFEST, lambda line: None, failing_build)
+        ensure_default_environment(
+            jobs, SHIPPED_MANIFEST, lambda line: None, failing_build, work_dir=tmp_path / "envs"
+        )
     assert "mmdebstrap failed (exit 1)" in str(failed.value)
     assert "--no-default-environment" in str(failed.value)
     assert Registry(ObjectStore(jobs.storage)).resolve("default") is None

@@ -140,9 +140,10 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
 
     monkeypatch.setattr(uvicorn, "run", fake_run)
     monkeypatch.setattr("tiergate.gateway.logs.configure_logging", lambda level: None)
-    for name in ("PROMETHEUS_MULTIPROC_DIR", "TIERGATE_SERVE_HOST", "TIERGATE_SERVE_PORT"):
-        # Recorded, so that what `serve --workers` sets is undone after the test ("" is unset).
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "TIERGATE_GATEWAY__HOST", "TIERGATE_GATEWAY__PORT"):
+        # Recorded (set, then unset), so that what `serve --workers` sets is undone after.
         monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     result = CliRunner().invoke(cli.app, ["serve", "--port", "9125", "--workers", "2"])
     assert result.exit_code == 0, result.output
     assert seen["app"] == "tiergate.gateway.workers:worker_app" and seen["factory"] is True
@@ -155,6 +156,8 @@ def test_serve_workers_runs_uvicorn_workers_with_multiprocess_metrics(
     # A folder of its own for the metrics files, removed when the server stops.
     assert seen["folder_existed"] and not os.path.exists(seen["folder"])
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == seen["folder"]  # for the workers
+    # ... and --port, in the settings tree's own variable, which the workers load.
+    assert os.environ["TIERGATE_GATEWAY__PORT"] == "9125"
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
     bad = CliRunner().invoke(cli.app, ["serve", "--workers", "0"])
     assert bad.exit_code == 2

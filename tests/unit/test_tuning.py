@@ -96,11 +96,11 @@ INTEL = "model name\t: Intel Xeon\nflags\t\t: fpu avx2 fma avx512f avx512_vnni a
 
 
 def test_the_fingerprint_names_the_kernels_that_matter() -> None:
-    amd, intel = hardware_fingerprint(AMD), hardware_fingerprint(INTEL)
+    amd, intel = hardware_fingerprint("none", AMD), hardware_fingerprint("none", INTEL)
     assert amd["cpu"] == "AMD EPYC 7B13" and amd["isa"] == "avx2,fma"
     assert "avx512_vnni" in intel["isa"] and "amx_int8" in intel["isa"]
     assert digest(amd) != digest(intel)
-    assert digest(amd) == digest(hardware_fingerprint(AMD))
+    assert digest(amd) == digest(hardware_fingerprint("none", AMD))
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -126,7 +126,7 @@ def test_a_decision_is_reused_on_the_same_hardware_and_redone_on_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = _settings(tmp_path)
-    here = hardware_fingerprint()
+    here = hardware_fingerprint(settings.gpu_name)
     stored = _decision(settings, here)
     stored.save(settings.tuning.decision_path())
     runs: list[str | None] = []
@@ -149,7 +149,9 @@ def test_a_decision_is_reused_on_the_same_hardware_and_redone_on_other(
 
 def test_changed_inputs_or_a_corrupt_file_mean_tuning_again(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    _decision(settings, hardware_fingerprint()).save(settings.tuning.decision_path())
+    _decision(settings, hardware_fingerprint(settings.gpu_name)).save(
+        settings.tuning.decision_path()
+    )
     assert tuner.current_decision(settings) is not None
     other = load_settings(
         tuning={"decision_file": str(tmp_path / "decision.json"), "min_speedup": 1.3}
@@ -167,7 +169,7 @@ def test_changed_inputs_or_a_corrupt_file_mean_tuning_again(tmp_path: Path) -> N
 def test_the_fast_profile_follows_the_decision(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     fast, standard = settings.profiles[Tier.FAST], settings.profiles[Tier.STANDARD]
-    decision = _decision(settings, hardware_fingerprint())
+    decision = _decision(settings, hardware_fingerprint(settings.gpu_name))
     lossless = decided_profile(fast, decision, standard.model)
     assert lossless.model == standard.model and lossless.speculative is not None
     assert lossless.port == fast.port and lossless.cpu_cores == fast.cpu_cores
@@ -199,7 +201,9 @@ def test_the_engines_serve_both_tiers_only_when_the_fast_tier_runs_the_standard_
     settings = _settings(tmp_path)
     urls = {Tier.STANDARD: "http://127.0.0.1:8101", Tier.FAST: "http://127.0.0.1:8102"}
     fast = settings.profiles[Tier.FAST]
-    same = _decision(settings, hardware_fingerprint()).model_copy(update={"chosen": None})
+    same = _decision(settings, hardware_fingerprint(settings.gpu_name)).model_copy(
+        update={"chosen": None}
+    )
     shared = shared_pools(settings, same, fast, urls)
     assert shared.tiers[Tier.STANDARD].endpoints == [urls[Tier.STANDARD], urls[Tier.FAST]]
     assert shared.tiers[Tier.FAST].endpoints == [urls[Tier.FAST], urls[Tier.STANDARD]]

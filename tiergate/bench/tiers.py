@@ -75,11 +75,14 @@ def bench_tiers(
     max_tokens: int,
     rounds: int = 2,
     plain: str | None = None,
+    *,
+    gpu: str,
 ) -> dict[str, Any]:
     """Both tiers at each level, interleaved: ``rounds`` batches per tier in turn (the
     order rotating), so that a slow minute of this shared machine does not land on one tier
     only. ``plain``: the URL of a plain ``vllm serve`` of the same model, measured directly
-    in the same turns, and each tier's speed as a ratio of its."""
+    in the same turns, and each tier's speed as a ratio of its. ``gpu``: settings'
+    ``gpu_name``, for the report's hardware fingerprint."""
     url = f"{gateway.rstrip('/')}/v1/chat/completions"
     targets: list[tuple[str, str, str | None]] = [
         ("standard", url, "default"),
@@ -90,7 +93,7 @@ def bench_tiers(
     tiers = [(name, word) for name, _, word in targets]
     urls = {name: target for name, target, _ in targets}
     results: dict[str, Any] = {
-        "hardware": hardware_fingerprint(),
+        "hardware": hardware_fingerprint(gpu),
         "fast_recipe": _fast_recipe(gateway),
         "levels": levels,
         "max_tokens": max_tokens,

@@ -283,7 +283,7 @@ def bench_urgency(params: UrgencyBenchParams, progress: Progress = _say) -> dict
         except httpx.HTTPError as exc:
             raise UrgencyBenchError(f"a request of the benchmark failed: {exc!r}") from exc
     return {
-        "hardware": hardware_fingerprint(),
+        "hardware": hardware_fingerprint(settings.gpu_name),
         "engines": engines,
         "model": params.model,
         "capacity": params.capacity,

@@ -84,7 +84,6 @@ def bench_tiers_cmd(
     from tiergate.bench.report import write_report
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
     from tiergate.engine.process import healthy
-    from tiergate.settings import default_cache_dir
     from tiergate.tuning.layout import serves_one, stored_layout
 
     settings = settings_or_exit()
@@ -98,7 +97,7 @@ def bench_tiers_cmd(
             port = 8199
             if healthy(f"http://127.0.0.1:{port}"):
                 raise typer.BadParameter(f"port {port} already serves something")
-            log = default_cache_dir() / "logs" / "vllm-plain.log"
+            log = settings.cache_dir / "logs" / "vllm-plain.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             plain = stack.enter_context(
                 start_plain(
@@ -108,7 +107,9 @@ def bench_tiers_cmd(
                     lambda m: typer.echo(f"[bench tiers] {m}", err=True),
                 )
             )
-        result = bench_tiers(gateway, model, fast, levels, requests, max_tokens, plain=plain)
+        result = bench_tiers(
+            gateway, model, fast, levels, requests, max_tokens, plain=plain, gpu=settings.gpu_name
+        )
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
     command += f" --requests {requests} --max-tokens {max_tokens}"
     if plain_vllm is not None:

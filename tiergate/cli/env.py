@@ -71,13 +71,11 @@ def env_build(
 
 def _store_settings() -> JobsSettings:
     """The jobs settings the env commands act on: the configured ones; with nothing
-    configured at all (no TIERGATE_CONFIG, no TIERGATE_JOBS* variables, no object store
-    endpoint), the local stack's (`make up`: SeaweedFS on 127.0.0.1:9000), so that the
+    configured at all (no TIERGATE_CONFIG, no jobs settings from the environment, no object
+    store endpoint), the local stack's (`make up`: SeaweedFS on 127.0.0.1:9000), so that the
     README's commands work beside it. An empty endpoint is otherwise AWS S3 itself."""
     settings = settings_or_exit()
-    configured = "TIERGATE_CONFIG" in os.environ or any(
-        key.startswith("TIERGATE_JOBS") for key in os.environ
-    )
+    configured = settings.config is not None or "jobs" in settings.model_fields_set
     if configured or settings.jobs.storage.endpoint_url is not None:
         return settings.jobs
     from tiergate.local.jobs import LocalPorts, local_jobs_settings

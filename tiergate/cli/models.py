@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tiergate.settings import default_cache_dir
+from tiergate.cli.common import settings_or_exit
 
 model_app = typer.Typer(no_args_is_help=True, help="Prepare the embedded default model.")
 quant_app = typer.Typer(no_args_is_help=True, help="Quantized checkpoints and their parity.")
@@ -23,7 +23,7 @@ def model_prepare(
     from tiergate.quant.convert import prepare_embedded_model
     from tiergate.settings import DEFAULT_MODEL_NAME
 
-    target = out or default_cache_dir() / "models" / DEFAULT_MODEL_NAME
+    target = out or settings_or_exit().cache_dir / "models" / DEFAULT_MODEL_NAME
     prepare_embedded_model(target)
 
 
@@ -39,9 +39,10 @@ def quant_build(
     from tiergate.quant.build import build
     from tiergate.settings import DEFAULT_MODEL_NAME
 
-    src = source or default_cache_dir() / "models" / DEFAULT_MODEL_NAME
+    settings = settings_or_exit()
+    src = source or settings.cache_dir / "models" / DEFAULT_MODEL_NAME
     for name in scheme:
-        build(src, out or src.parent, name.upper(), method, group_size)
+        build(settings.quant_python, src, out or src.parent, name.upper(), method, group_size)
 
 
 @quant_app.command("verify")

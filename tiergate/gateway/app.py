@@ -145,7 +145,7 @@ def create_app(settings: Settings) -> FastAPI:
             tier: TierPool(tier, settings.tiers[tier], settings.health, settings.routing, session)
             for tier in Tier
         }
-        metrics = GatewayMetrics(pools)
+        metrics = GatewayMetrics(pools, settings.prometheus_multiproc_dir)
         limiter = Limiter(settings.limits)
         admission = Admission(
             settings.admission,

@@ -9,7 +9,6 @@ files plus this process's own collectors (read at scrape time); see
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
 from typing import Any
 
@@ -94,17 +93,17 @@ class _PoolCollector(Collector):
 class GatewayMetrics:
     """Every metric the gateway exports; created once per app."""
 
-    def __init__(self, pools: dict[Tier, TierPool]) -> None:
+    def __init__(self, pools: dict[Tier, TierPool], multiprocess_dir: str | None = None) -> None:
         # ``registry`` is what /metrics serves and where collectors are registered; the
         # metrics themselves are registered there too, except with several processes,
         # where the MultiProcessCollector reads every process's values from the files.
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        self.multiprocess = bool(folder)
-        if folder:
+        # ``multiprocess_dir``: settings' prometheus_multiproc_dir (one of several workers).
+        self.multiprocess = bool(multiprocess_dir)
+        if multiprocess_dir:
             r = CollectorRegistry(auto_describe=True)
-            MultiProcessCollector(self.registry, folder)  # type: ignore[no-untyped-call]
+            MultiProcessCollector(self.registry, multiprocess_dir)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "tiergate_requests_total",
             "Requests by served tier, model, endpoint path and status",

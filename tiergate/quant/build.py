@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,19 +19,16 @@ from typing import Any
 
 from tiergate.engine.gate import MANIFEST
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _say(message: str) -> None:
     print(f"[quant build] {message}", file=sys.stderr, flush=True)
 
 
-def quant_python() -> Path:
-    """The quantization environment's interpreter (``TIERGATE_QUANT_PYTHON`` overrides)."""
-    path = Path(os.environ.get("TIERGATE_QUANT_PYTHON", REPO / ".venv-quant" / "bin" / "python"))
-    if not path.exists():
-        raise SystemExit(f"no quantization environment at {path}: run scripts/install-quant.sh")
-    return path
+def _interpreter(python: Path) -> Path:
+    """The quantization environment's interpreter (settings' ``quant_python``)."""
+    if not python.exists():
+        raise SystemExit(f"no quantization environment at {python}: run scripts/install-quant.sh")
+    return python
 
 
 def checkpoint_sha256(path: Path) -> str:
@@ -76,6 +72,7 @@ def checkpoint_path(source: Path, out_root: Path, scheme: str, method: str = "rt
 
 
 def build(
+    python: Path,
     source: Path,
     out_root: Path,
     scheme: str,
@@ -95,7 +92,7 @@ def build(
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     args = [
-        str(quant_python()),
+        str(_interpreter(python)),
         str(Path(__file__).with_name("compress.py")),
         "--source",
         str(source),

@@ -78,7 +78,7 @@ def stored_layout(settings: Settings) -> EngineLayout | None:
         layout = EngineLayout.model_validate_json(layout_path(settings).read_text())
     except (OSError, ValidationError, ValueError):
         return None
-    if layout.fingerprint_digest != digest(hardware_fingerprint()):
+    if layout.fingerprint_digest != digest(hardware_fingerprint(settings.gpu_name)):
         return None
     return layout if layout.config_digest == config_digest(settings) else None
 
@@ -125,7 +125,7 @@ def measure_layout(
         )
     one_figure, two_figure = statistics.median(one), statistics.median(two)
     ratio = two_figure / max(one_figure, 1e-9)
-    fingerprint = hardware_fingerprint()
+    fingerprint = hardware_fingerprint(settings.gpu_name)
     return EngineLayout(
         engines="both" if ratio >= settings.tuning.two_engines_min_gain else "one",
         one_engine_tokens_per_s=round(one_figure, 1),

@@ -72,7 +72,7 @@ def waiting_for(settings: Settings) -> str:
     stored = TierDecision.load(path)
     if stored is None:
         return f"no tier decision at {path} yet (the tuning Job writes it)"
-    here = hardware_fingerprint()
+    here = hardware_fingerprint(settings.gpu_name)
     if stored.fingerprint_digest != digest(here):
         return f"the decision at {path} was measured on {stored.fingerprint}, this pod is {here}"
     if stored.inputs_digest != inputs_digest(settings):
@@ -114,7 +114,7 @@ def tier_plan(
         announce(decision)
         profile = decided_profile(profile, decision, settings.profiles[Tier.STANDARD].model)
     if prepare:
-        prepare_profile_model(profile)
+        prepare_profile_model(profile, settings)
     checkpoint = Path(profile.model)
     unjudged = (checkpoint / MANIFEST).is_file() and not (checkpoint / REPORT).is_file()
     later = parity == "once started" and unjudged

@@ -8,12 +8,10 @@ from tiergate.evidence import TierDecision
 from tiergate.settings import QuantizeSpec, Recipe, TierProfile
 
 
-def recipe_profile(
-    fast: TierProfile, recipe: Recipe | None, standard_model: str, build: bool = False
-) -> TierProfile:
+def recipe_profile(fast: TierProfile, recipe: Recipe | None, standard_model: str) -> TierProfile:
     """``fast`` (its port, cores, engine settings) running ``recipe`` on the standard
-    checkpoint; ``None`` is the standard configuration itself. With ``build``, a quantized
-    checkpoint is built now when missing."""
+    checkpoint; ``None`` is the standard configuration itself (its quantized checkpoint is
+    made by :func:`tiergate.quant.prepare.prepare_profile_model`)."""
     update: dict[str, object] = {
         "tuned": False,
         "model": standard_model,
@@ -34,12 +32,7 @@ def recipe_profile(
             )
             update["quantize"] = spec
             update["model"] = str(checkpoint_path(source, source.parent, spec.scheme, spec.method))
-    profile = fast.model_copy(update=update)
-    if build:
-        from tiergate.quant.prepare import prepare_profile_model
-
-        prepare_profile_model(profile)
-    return profile
+    return fast.model_copy(update=update)
 
 
 def decided_profile(fast: TierProfile, decision: TierDecision, standard_model: str) -> TierProfile:

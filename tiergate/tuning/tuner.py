@@ -31,7 +31,8 @@ from tiergate.quant.parity import (
     task_subset,
     write_report,
 )
-from tiergate.settings import Recipe, Settings, TierProfile, default_cache_dir
+from tiergate.quant.prepare import prepare_profile_model
+from tiergate.settings import Recipe, Settings, TierProfile
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
 from tiergate.tuning.decide import Choice, choose, worth_judging
@@ -83,7 +84,7 @@ def current_decision(settings: Settings) -> TierDecision | None:
     decision = TierDecision.load(settings.tuning.decision_path())
     if decision is None:
         return None
-    if decision.fingerprint_digest != digest(hardware_fingerprint()):
+    if decision.fingerprint_digest != digest(hardware_fingerprint(settings.gpu_name)):
         return None
     if decision.inputs_digest != inputs_digest(settings):
         return None
@@ -112,14 +113,14 @@ class Tuner:
         measure the choice again as served when the screening mode differs, write the
         decision. ``standard_url``: a running standard engine of the serving mode."""
         self._started = started = time.monotonic()
-        fingerprint = hardware_fingerprint()
+        fingerprint = hardware_fingerprint(self.settings.gpu_name)
         screen = screening_settings(self.settings)
         self.progress(
             f"tuning the fast tier on {fingerprint['cpu']} ({fingerprint['cores']} cores, "
             f"{fingerprint['isa']}); {len(self.tuning.candidates)} candidates, budget "
             f"{self.tuning.budget():.0f}s, screened with {mode_of(screen)} engines"
         )
-        logs = default_cache_dir() / "logs"
+        logs = self.settings.cache_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         results: list[CandidateResult] = []
         reuse = standard_url if screen is self.settings else None
@@ -163,9 +164,8 @@ class Tuner:
         fast = screen.profiles[Tier.FAST]
         t0 = time.monotonic()
         try:
-            profile = recipe_profile(
-                fast, recipe, self.settings.profiles[Tier.STANDARD].model, build=True
-            )
+            profile = recipe_profile(fast, recipe, self.settings.profiles[Tier.STANDARD].model)
+            prepare_profile_model(profile, self.settings)
         except (SystemExit, OSError, RuntimeError) as exc:
             return CandidateResult(recipe=recipe, status="error", note=f"build failed: {exc}")
         profile = profile.model_copy(update={"port": free_ports()[0]})
