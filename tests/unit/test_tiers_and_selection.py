@@ -6,8 +6,13 @@ import pytest
 from tiergate.gateway.access.auth import ANONYMOUS
 from tiergate.gateway.access.policy import TierPolicy
 from tiergate.gateway.errors import OpenAIError, from_upstream
-from tiergate.gateway.openai.routes import ROUTES
-from tiergate.gateway.openai.selection import fast_compatible, inspect, upstream_body
+from tiergate.gateway.openai.routes import ROUTES, echo_tier
+from tiergate.gateway.openai.selection import (
+    fast_compatible,
+    inspect,
+    requested_tier,
+    upstream_body,
+)
 from tiergate.settings import PolicySettings
 from tiergate.tiers import Tier, UnknownTierError, parse_requested_tier
 
@@ -154,3 +159,24 @@ def test_each_route_reads_its_own_prompt_and_output_limit() -> None:
     assert not emb.stream and emb.prompt_chars == 4 and emb.fast_compatible
     # `stream: null` is valid OpenAI (not streaming).
     assert not inspect(orjson.dumps({"model": "m", "stream": None}), None, 64).stream
+
+
+def test_one_reading_of_the_asked_tier_for_requests_and_jobs() -> None:
+    """The body's word wins over the header, ``auto`` asks for none, and a word that is no
+    tier is the same 400 wherever it is said (the jobs API reads it through this too)."""
+    assert requested_tier("priority").tier is Tier.FAST
+    assert requested_tier("auto", "fast").tier is Tier.FAST  # auto defers to the header
+    assert requested_tier("default", "fast").tier is Tier.STANDARD
+    assert requested_tier(None).tier is None and requested_tier("auto").tier is None
+    for word, header in (("turbo", None), (None, "turbo"), (3, None)):
+        with pytest.raises(OpenAIError) as refused:
+            requested_tier(word, header)
+        assert refused.value.status == 400
+
+
+def test_the_served_tier_is_echoed_as_openai_names_it() -> None:
+    answer: dict[str, object] = {"service_tier": "auto"}
+    echo_tier(answer, Tier.FAST)
+    assert answer == {"service_tier": "priority"}
+    echo_tier(answer, Tier.STANDARD)
+    assert answer == {"service_tier": "default"}

@@ -28,19 +28,18 @@ from starlette.responses import Response
 
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
-from tiergate.gateway.access.policy import AskedTier, Needs, Reason
+from tiergate.gateway.access.policy import Needs
 from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.eventstream import EventStreams
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
 from tiergate.gateway.jobs.uploads import Uploads
-from tiergate.gateway.openai.selection import parse_body, read_body
+from tiergate.gateway.openai.selection import parse_body, read_body, requested_tier
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
 from tiergate.settings import JobsSettings
-from tiergate.tiers import UnknownTierError, parse_requested_tier
 
 log = logging.getLogger("tiergate.gateway.jobs")
 
@@ -143,15 +142,7 @@ class JobsAPI:
     # -- create -----------------------------------------------------------------------------
 
     def check_spec(self, caller: Caller, spec: JobCreate) -> None:
-        try:
-            tier = parse_requested_tier(spec.service_tier)
-        except UnknownTierError:
-            raise OpenAIError(
-                400,
-                f"Unknown service tier {spec.service_tier!r}.",
-                param="service_tier",
-                code="invalid_service_tier",
-            ) from None
+        tier = requested_tier(spec.service_tier)
         caps = self._settings.caps
         for name in ("max_steps", "timeout_seconds", "cpus", "memory_mb", "disk_mb"):
             asked, cap = getattr(spec.limits, name), getattr(caps, name)
@@ -165,10 +156,8 @@ class JobsAPI:
         self._gatekeeper.check_model(caller, spec.model)
         # The job's model calls are decided per call by the tier policy, as any request's;
         # an explicitly asked tier the key may not use is refused now rather than later.
-        if tier is not None:
-            self._gatekeeper.policy.decide(
-                caller, AskedTier(tier, Reason.REQUESTED), Needs("/v1/chat/completions")
-            )
+        if tier.tier is not None:
+            self._gatekeeper.policy.decide(caller, tier, Needs("/v1/chat/completions"))
         self._check_size(caller, spec)
 
     def _check_size(self, caller: Caller, spec: JobCreate) -> None:

@@ -27,7 +27,7 @@ from tiergate.gateway.openai.requestids import (
     RequestIds,
     client_request_id,
 )
-from tiergate.gateway.openai.routes import ROUTES, StreamEnd
+from tiergate.gateway.openai.routes import ROUTES, StreamEnd, echo_tier
 from tiergate.gateway.openai.selection import (
     TIER_HEADER,
     InspectedRequest,
@@ -233,7 +233,7 @@ class CompletionsProxy:
                 data = None
         if isinstance(data, dict):
             if req.route.echoes_tier:
-                data["service_tier"] = tier.openai_name
+                echo_tier(data, tier)
             usage = data.get("usage")
             if isinstance(usage, dict):
                 self._count_tokens(tier, req.model, usage)
@@ -335,9 +335,9 @@ class CompletionsProxy:
             )
 
         rewrite = (
-            ResponseEventRewriter(tier.openai_name, outcome)
+            ResponseEventRewriter(tier, outcome)
             if req.route.stream_end is StreamEnd.RESPONSE
-            else ChunkRewriter(tier.openai_name, req.wants_usage, outcome)
+            else ChunkRewriter(tier, req.wants_usage, outcome)
         )
         body = relay_events(
             opened,

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from tiergate.tiers import Tier
+
 
 class RouteKind(StrEnum):
     GENERATE = "generate"  # sampling: the fast tier's speculative engine may refuse options
@@ -25,6 +27,13 @@ class RouteKind(StrEnum):
 class StreamEnd(StrEnum):
     DONE = "done"  # chat and completions: `data: [DONE]`
     RESPONSE = "response"  # the Responses API: a `response.completed` (or failed) event
+
+
+def echo_tier(answer: dict[str, Any], tier: Tier) -> None:
+    """The served tier written into an answer object (a completion, a stream's chunk, a
+    response): OpenAI's ``service_tier``, as the tier's OpenAI word. The one place the echo
+    is written; which routes echo is the table's ``echoes_tier``."""
+    answer["service_tier"] = tier.openai_name
 
 
 def _dumps(value: Any) -> str:

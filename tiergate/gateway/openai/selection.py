@@ -118,8 +118,10 @@ def fast_compatible(body: dict[str, Any]) -> bool:
     return True
 
 
-def _requested(body: dict[str, Any], header: str | None) -> AskedTier:
-    field = body.get("service_tier")
+def requested_tier(field: object, header: str | None = None) -> AskedTier:
+    """The tier a caller asks for: the body's ``service_tier`` (``field``), else the tier
+    header; ``auto`` or nothing asks for none. The one reading of the word, for requests
+    and jobs alike; an unknown word is a 400 naming the accepted ones."""
     if field is not None and not isinstance(field, str):
         raise OpenAIError(400, "service_tier must be a string.", param="service_tier")
     try:
@@ -204,7 +206,7 @@ def inspect(
         model=model,
         stream=stream,
         wants_usage=wants_usage,
-        asked=_requested(body, tier_header),
+        asked=requested_tier(body.get("service_tier"), tier_header),
         fast_compatible=not route.sampling or fast_compatible(body),
         prefix_key=prefix_key(parts, prefix_chars),
         prompt_chars=sum(len(p) for p in parts),

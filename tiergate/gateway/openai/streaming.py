@@ -18,7 +18,9 @@ import orjson
 
 from tiergate.gateway.errors import from_upstream, sse_error_event
 from tiergate.gateway.openai.relay import RelayResponse
+from tiergate.gateway.openai.routes import echo_tier
 from tiergate.gateway.openai.upstream import Opened
+from tiergate.tiers import Tier
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -49,7 +51,7 @@ class ChunkRewriter:
     """Chat and completions: rewrites one ``data:`` event: echoes the served tier, hides
     usage the client did not ask for (the gateway always asks, to count tokens)."""
 
-    def __init__(self, served_tier: str, wants_usage: bool, outcome: StreamOutcome) -> None:
+    def __init__(self, served_tier: Tier, wants_usage: bool, outcome: StreamOutcome) -> None:
         self._tier = served_tier
         self._wants_usage = wants_usage
         self._outcome = outcome
@@ -86,7 +88,7 @@ class ChunkRewriter:
             if not choices and usage:
                 return None
             obj.pop("usage", None)
-        obj["service_tier"] = self._tier
+        echo_tier(obj, self._tier)
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -124,7 +126,7 @@ class ResponseEventRewriter:
     served tier goes into each event's ``response`` object; the stream is complete at its
     terminal event, whose ``response.usage`` is the stream's usage."""
 
-    def __init__(self, served_tier: str, outcome: StreamOutcome) -> None:
+    def __init__(self, served_tier: Tier, outcome: StreamOutcome) -> None:
         self._tier = served_tier
         self._outcome = outcome
         self._sequence = 0
@@ -161,7 +163,7 @@ class ResponseEventRewriter:
         response = obj.get("response")
         if not isinstance(response, dict):
             return event + b"\n\n"
-        response["service_tier"] = self._tier
+        echo_tier(response, self._tier)
         if kind in _TERMINAL_RESPONSE_EVENTS:
             self._outcome.completed = True
             usage = response.get("usage")
