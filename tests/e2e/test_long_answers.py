@@ -1,6 +1,6 @@
 """Long and large answers through the gateway, with real vLLM: a non-streamed generation
 longer than the first-byte timeout is answered once by the tier asked for (the gateway
-assembles it from the engine's stream), and a 1.8 MB answer arrives at the engine's speed.
+assembles it from the engine's stream), and a 1.8 MB answer arrives whole, byte for byte.
 That the assembled answer is vLLM's own JSON is tests/unit/test_assemble.py's, against
 vLLM's response models."""
 

@@ -1,5 +1,6 @@
-"""Relaying answers with FakeVllm: large bodies arrive at the engine's speed, a slow or
-leaving client is never the engine's failure, and its slot and tokens are accounted."""
+"""Relaying answers with FakeVllm: large bodies arrive whole, byte for byte, within the
+first-byte timeout; a slow or leaving client is never the engine's failure, and its slot
+and tokens are accounted. (How fast the relay is, is tiergate bench gateway's.)"""
 
 from __future__ import annotations
 

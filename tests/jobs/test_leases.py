@@ -44,8 +44,9 @@ def test_two_pickups_of_one_job_get_one_run(store: JobStore) -> None:
 
 def test_pickups_racing_for_one_job_get_one_run(store: JobStore) -> None:
     """Eight pickups of each of ten jobs at once, each from a worker of its own (its own
-    clock and client): the conditional write is the only fence between them, and each job
-    gets exactly one run, held by one of them."""
+    clock; one object store client between them, as the fence is the store's): the
+    conditional write is the only fence between them, and each job gets exactly one run,
+    held by one of them."""
     workers = [_leases(store, Clock()) for _ in range(8)]
     for n in range(10):
         job_id = f"job_race_{n}"
