@@ -17,9 +17,9 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tiergate.bench.report import write_report
-from tiergate.bench.urgency import UrgencyBenchParams, bench_urgency
-from tiergate.bench.urgency_gateway import UrgencyBenchError
-from tiergate.bench.urgency_report import command_line, render_urgency
+from tiergate.bench.urgency.bench import UrgencyBenchParams, bench_urgency
+from tiergate.bench.urgency.gateway import UrgencyBenchError
+from tiergate.bench.urgency.report import command_line, render_urgency
 
 CHUNKS = 8
 DELAY = 0.1

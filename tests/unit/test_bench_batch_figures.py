@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiergate.bench.jobs_batch import SHORT_BATCH, BatchBenchParams
-from tiergate.bench.jobs_batch_figures import (
+from tiergate.bench.jobs.batch import SHORT_BATCH, BatchBenchParams
+from tiergate.bench.jobs.batch_figures import (
     RolloutSpan,
     contention_end,
     domain_figures,
@@ -18,8 +18,8 @@ from tiergate.bench.jobs_batch_figures import (
     slot_seconds,
     time_to_last,
 )
-from tiergate.bench.jobs_batch_report import render
-from tiergate.bench.jobs_figures import JobTimeline, slots_average
+from tiergate.bench.jobs.batch_report import render
+from tiergate.bench.jobs.figures import JobTimeline, slots_average
 
 
 def span(domain: str, created: float, started: float | None, ended: float | None) -> RolloutSpan:

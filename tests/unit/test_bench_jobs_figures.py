@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiergate.bench.jobs_figures import (
+from tiergate.bench.jobs.figures import (
     JobTimeline,
     longest_pickup_gap,
     percentile,

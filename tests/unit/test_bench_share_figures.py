@@ -3,7 +3,7 @@ what it judges is the time after the first key's running jobs could have ended."
 
 from __future__ import annotations
 
-from tiergate.bench.jobs_share import Sample, ShareBenchParams, _figures, render
+from tiergate.bench.jobs.share import Sample, ShareBenchParams, _figures, render
 
 PARAMS = ShareBenchParams(jobs_per_key=10, job_seconds=20, workers=2, share=0.5)
 

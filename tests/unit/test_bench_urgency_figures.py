@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tiergate.bench.urgency_figures import aggregate_tokens_per_s, backlog_figures, summarize
+from tiergate.bench.urgency.figures import aggregate_tokens_per_s, backlog_figures, summarize
 from tiergate.measure.stream import Sample
 
 

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tiergate"
 NOT_THE_SERVERS = {
     "jobsclient/base.py": {"BASE_URL_ENV", "API_KEY_ENV"},
     "stack.py": {"'VLLM_CACHE_ROOT'"},
-    "bench/jobs_stack.py": {"*"},
+    "bench/jobs/stack.py": {"*"},
 }
 
 

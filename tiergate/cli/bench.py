@@ -153,9 +153,9 @@ def bench_urgency_cmd(
     engines against one, and when priority and flex requests start in a standard backlog;
     writes urgency-bench.md/.json."""
     from tiergate.bench.report import write_report
-    from tiergate.bench.urgency import UrgencyBenchParams, bench_urgency
-    from tiergate.bench.urgency_gateway import UrgencyBenchError
-    from tiergate.bench.urgency_report import command_line, render_urgency
+    from tiergate.bench.urgency.bench import UrgencyBenchParams, bench_urgency
+    from tiergate.bench.urgency.gateway import UrgencyBenchError
+    from tiergate.bench.urgency.report import command_line, render_urgency
 
     if not engines:
         from tiergate.tuning.layout import serves_one, stored_layout
@@ -232,7 +232,7 @@ def bench_jobs(
     time to the last rollout, each domain's share of the slots; writes
     jobs-batch-bench.md/.json. Exits 1 if any job was lost, failed or run twice."""
     if batch:
-        from tiergate.bench.jobs_batch import SHORT_BATCH, BatchBenchParams, run_batch_benchmark
+        from tiergate.bench.jobs.batch import SHORT_BATCH, BatchBenchParams, run_batch_benchmark
 
         plan = BatchBenchParams(
             domains=domains,
@@ -251,7 +251,7 @@ def bench_jobs(
             raise typer.Exit(1)
         return
 
-    from tiergate.bench.jobs import SHORT, JobsBenchParams, run_jobs_benchmark
+    from tiergate.bench.jobs.bench import SHORT, JobsBenchParams, run_jobs_benchmark
 
     params = (
         SHORT
@@ -289,7 +289,7 @@ def bench_share(
     """Two keys' backlogs of long jobs on one fleet: what each runs while the other waits;
     writes jobs-share-bench.md/.json. Exits 1 if a key held more than its share while the
     other's jobs waited, or a job ran twice."""
-    from tiergate.bench.jobs_share import ShareBenchParams, run_share_benchmark
+    from tiergate.bench.jobs.share import ShareBenchParams, run_share_benchmark
 
     params = ShareBenchParams(jobs_per_key, job_seconds, workers, share, window_seconds)
     _, held = run_share_benchmark(out, params)

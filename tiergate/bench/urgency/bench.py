@@ -17,7 +17,7 @@ Every round, in one run:
    request without a first token when the priority one is sent is waiting in the gateway's
    queue, and a flex request that first-come order would admit first must yield. Every
    request's send and first-token times are kept on one clock;
-   ``tiergate.bench.urgency_figures`` orders them.
+   ``tiergate.bench.urgency.figures`` orders them.
 
 Requests are greedy (temperature 0) over ``tiergate.speculative.measure.PROMPTS``.
 """
@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tiergate.bench.urgency_figures import aggregate_tokens_per_s, backlog_figures, summarize
-from tiergate.bench.urgency_gateway import (
+from tiergate.bench.urgency.figures import aggregate_tokens_per_s, backlog_figures, summarize
+from tiergate.bench.urgency.gateway import (
     PATIENT_SECONDS,
     UrgencyBenchError,
     bench_settings,
@@ -259,7 +259,7 @@ async def _rounds(gateway: str, params: UrgencyBenchParams, progress: Progress) 
 
 
 def bench_urgency(params: UrgencyBenchParams, progress: Progress = _say) -> dict[str, Any]:
-    """Measure, and return the report's figures (``tiergate.bench.urgency_report`` renders
+    """Measure, and return the report's figures (``tiergate.bench.urgency.report`` renders
     them). Raises :class:`UrgencyBenchError` when it cannot measure."""
     if not params.engines or params.rounds < 1 or params.capacity < 1:
         raise UrgencyBenchError("need at least one engine, one round and a capacity of 1")

@@ -1,6 +1,6 @@
 """What both modes of ``tiergate bench jobs`` run on: SeaweedFS, a Tansu broker on it, the
 stub model (:mod:`tiergate.bench.stub_model`), a gateway with jobs enabled in front of it
-(``tiergate serve``) and the worker fleet (:mod:`tiergate.bench.jobs_fleet`); and each
+(``tiergate serve``) and the worker fleet (:mod:`tiergate.bench.jobs.fleet`); and each
 job's record read back from the store afterwards (:func:`timeline`)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tiergate.bench.jobs_figures import JobTimeline
-from tiergate.bench.jobs_fleet import CONCURRENCY, DRAIN_SECONDS, WorkerFleet
+from tiergate.bench.jobs.figures import JobTimeline
+from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS, WorkerFleet
 from tiergate.bench.stub_model import MODEL
 from tiergate.jobs.state.store import JobStore
 from tiergate.local.servers import (

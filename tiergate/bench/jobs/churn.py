@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tiergate.bench.jobs_fleet import CONCURRENCY
-from tiergate.bench.jobs_stack import JobsStack, say
+from tiergate.bench.jobs.fleet import CONCURRENCY
+from tiergate.bench.jobs.stack import JobsStack, say
 
 
 class FleetPlan(Protocol):

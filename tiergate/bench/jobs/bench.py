@@ -9,9 +9,9 @@ one worker between 1 and ``max_workers`` (up to the most, down to one, up again,
 autoscaler following a backlog would; removal is SIGTERM, so the worker drains), and once
 half the jobs have ended restarts the broker (same port and data). It waits until every job
 has a terminal record or the deadline passes, then reads each job's events, run leases and
-trajectory from the store (figures: :mod:`tiergate.bench.jobs_figures`). The servers are
-:mod:`tiergate.bench.jobs_stack`'s, the churn and the restart
-:mod:`tiergate.bench.jobs_churn`'s, which the batch mode (:mod:`tiergate.bench.jobs_batch`)
+trajectory from the store (figures: :mod:`tiergate.bench.jobs.figures`). The servers are
+:mod:`tiergate.bench.jobs.stack`'s, the churn and the restart
+:mod:`tiergate.bench.jobs.churn`'s, which the batch mode (:mod:`tiergate.bench.jobs.batch`)
 shares.
 
 Each job's verifier checks the file its command touched (``test -f done``).
@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 
 from tiergate.bench.gateway import cpu_model
-from tiergate.bench.jobs_churn import ChurnRecord, churn
-from tiergate.bench.jobs_figures import (
+from tiergate.bench.jobs.churn import ChurnRecord, churn
+from tiergate.bench.jobs.figures import (
     longest_pickup_gap,
     pickup_to_first_command,
     pickup_to_first_step,
@@ -41,9 +41,9 @@ from tiergate.bench.jobs_figures import (
     suspect_events,
     tally,
 )
-from tiergate.bench.jobs_fleet import CONCURRENCY, DRAIN_SECONDS
-from tiergate.bench.jobs_report import render
-from tiergate.bench.jobs_stack import (
+from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS
+from tiergate.bench.jobs.report import render
+from tiergate.bench.jobs.stack import (
     JobsStack,
     fleet_figures,
     job_body,

@@ -1,6 +1,6 @@
 """``tiergate bench jobs --batch``: one rollout batch (``POST /v1/jobs/batches``) through
 the same servers, churning fleet and broker restart as the jobs mode
-(:mod:`tiergate.bench.jobs`), with how the batch's scheduler shared the slots.
+(:mod:`tiergate.bench.jobs.bench`), with how the batch's scheduler shared the slots.
 
 The batch has ``domains`` domains of ``tasks_per_domain`` tasks, ``samples`` samples of
 each, equal weights and ``max_in_flight`` the slots of the fleet at its largest. Every
@@ -8,7 +8,7 @@ task's one command sleeps ``task_seconds`` and touches the file its verifier che
 last domain's (``slow``) sleeps ``slow_factor`` times longer. The workers schedule the
 batch every ``batch_poll_seconds``. Once every rollout has ended (or the deadline passed)
 each rollout's job is read back from the store (figures:
-:mod:`tiergate.bench.jobs_batch_figures`).
+:mod:`tiergate.bench.jobs.batch_figures`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.bench.gateway import cpu_model
-from tiergate.bench.jobs_batch_figures import (
+from tiergate.bench.jobs.batch_figures import (
     RolloutSpan,
     contention_end,
     domain_figures,
@@ -35,11 +35,11 @@ from tiergate.bench.jobs_batch_figures import (
     slot_seconds,
     time_to_last,
 )
-from tiergate.bench.jobs_batch_report import render
-from tiergate.bench.jobs_churn import ChurnRecord, churn
-from tiergate.bench.jobs_figures import slots_average, suspect_events, tally
-from tiergate.bench.jobs_fleet import CONCURRENCY, DRAIN_SECONDS
-from tiergate.bench.jobs_stack import (
+from tiergate.bench.jobs.batch_report import render
+from tiergate.bench.jobs.churn import ChurnRecord, churn
+from tiergate.bench.jobs.figures import slots_average, suspect_events, tally
+from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS
+from tiergate.bench.jobs.stack import (
     JobsStack,
     fleet_figures,
     job_body,

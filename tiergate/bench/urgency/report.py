@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiergate.bench.urgency import UrgencyBenchParams
+from tiergate.bench.urgency.bench import UrgencyBenchParams
 
 _TARGETS = (
     ("shared_engines", "(a) standard requests use both engines", "{:.2f}x"),

@@ -1,5 +1,5 @@
 """The batch mode's figures (``tiergate bench jobs --batch``), from each rollout's job as
-the store recorded it (:class:`~tiergate.bench.jobs_figures.JobTimeline`).
+the store recorded it (:class:`~tiergate.bench.jobs.figures.JobTimeline`).
 
 Times are epoch seconds: a job's creation (``created_ms``: the batch's scheduler started
 the sample), its counting run's lease (the pickup, to the millisecond) and its end (the
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tiergate.bench.jobs_figures import JobTimeline, spread
+from tiergate.bench.jobs.figures import JobTimeline, spread
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """``tiergate bench share``: two keys' backlogs of long jobs on one fleet (issue 33 item 3,
 ``jobs.fleet_share``; tiergate/jobs/state/share.py).
 
-One run starts :mod:`tiergate.bench.jobs_stack`'s servers with API keys on (two tenants,
+One run starts :mod:`tiergate.bench.jobs.stack`'s servers with API keys on (two tenants,
 ``alice`` and ``bob``, and the workers' key) and ``workers`` workers of
-:data:`~tiergate.bench.jobs_fleet.CONCURRENCY` slots each. Alice submits ``jobs_per_key``
+:data:`~tiergate.bench.jobs.fleet.CONCURRENCY` slots each. Alice submits ``jobs_per_key``
 jobs of ``job_seconds`` each and, once they hold every slot, Bob submits as many. Every
 second the bench lists both keys' jobs through the gateway (as each tenant sees them) and
 counts who runs and who waits, for ``window_seconds`` after Bob's submission; then it
@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 
 from tiergate.bench.gateway import cpu_model
-from tiergate.bench.jobs_fleet import CONCURRENCY
-from tiergate.bench.jobs_stack import JobsStack, job_body, keep_logs, new_work_dir, say
+from tiergate.bench.jobs.fleet import CONCURRENCY
+from tiergate.bench.jobs.stack import JobsStack, job_body, keep_logs, new_work_dir, say
 from tiergate.bench.report import write_report
 from tiergate.gateway.access.auth import new_key
 from tiergate.jobs.state.store import JobStore
