@@ -10,6 +10,8 @@ high watermark. On Kafka itself the fetch starts at the end and returns no recor
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -41,6 +43,50 @@ def _reader(
         )
     except (KafkaError, TimeoutError) as exc:
         raise LagUnavailable(f"{bootstrap_servers}: {type(exc).__name__}: {exc}") from exc
+
+
+@contextmanager
+def _at_committed(
+    bootstrap_servers: str,
+    group: str,
+    topic: str,
+    timeout_ms: int,
+    client_options: dict[str, Any] | None,
+    what: str,
+) -> Iterator[tuple[KafkaConsumer, list[TopicPartition]]]:
+    """A reader of ``group`` with every partition of ``topic`` assigned and at the group's
+    committed position (the log's start where the group has none or its records are gone),
+    closed after the block without committing. Whatever the client raises becomes
+    :class:`LagUnavailable`, naming ``what`` was read."""
+    consumer = _reader(bootstrap_servers, group, timeout_ms, client_options, fetch_max_wait_ms=50)
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
+        ]
+        if not partitions:
+            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
+        starts = consumer.beginning_offsets(partitions, timeout_ms=timeout_ms)
+        consumer.assign(partitions)
+        for tp in partitions:
+            committed = consumer.committed(tp, timeout_ms=timeout_ms)
+            consumer.seek(tp, max(starts[tp], committed or 0))
+        yield consumer, partitions
+    except LagUnavailable:
+        raise
+    except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
+        raise LagUnavailable(
+            f"{what} of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _drop_read_to_end(consumer: KafkaConsumer, left: set[TopicPartition]) -> None:
+    """Take out of ``left`` the partitions read up to the high watermark of their fetches."""
+    for tp in list(left):
+        high = consumer.highwater(tp)
+        if high is not None and consumer.position(tp) >= high:
+            left.discard(tp)
 
 
 def measure_lag(
@@ -113,18 +159,8 @@ def keys_ahead(
     answer would make present messages look lost."""
     deadline = time.monotonic() + timeout_s
     timeout_ms = max(1, int(timeout_s * 1000))
-    consumer = _reader(bootstrap_servers, group, timeout_ms, client_options, fetch_max_wait_ms=50)
-    try:
-        partitions = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
-        ]
-        if not partitions:
-            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
-        starts = consumer.beginning_offsets(partitions, timeout_ms=timeout_ms)
-        consumer.assign(partitions)
-        for tp in partitions:
-            committed = consumer.committed(tp, timeout_ms=timeout_ms)
-            consumer.seek(tp, max(starts[tp], committed or 0))
+    where = (bootstrap_servers, group, topic)
+    with _at_committed(*where, timeout_ms, client_options, "backlog") as (consumer, partitions):
         keys: set[str] = set()
         left = set(partitions)
         while left:
@@ -133,19 +169,8 @@ def keys_ahead(
                 raise LagUnavailable(f"{topic!r} not read to its end in {timeout_s:g}s")
             for records in consumer.poll(timeout_ms=min(200, left_ms)).values():
                 keys.update(r.key.decode() for r in records if r.key)
-            for tp in list(left):
-                high = consumer.highwater(tp)
-                if high is not None and consumer.position(tp) >= high:
-                    left.discard(tp)
+            _drop_read_to_end(consumer, left)
         return keys
-    except LagUnavailable:
-        raise
-    except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
-        raise LagUnavailable(
-            f"backlog of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        consumer.close(autocommit=False)
 
 
 def records_ahead(
@@ -163,20 +188,8 @@ def records_ahead(
     when nothing can be read."""
     deadline = time.monotonic() + timeout_s
     timeout_ms = max(1, int(timeout_s * 1000))
-    consumer = _reader(bootstrap_servers, group, timeout_ms, client_options, fetch_max_wait_ms=50)
-    try:
-        partitions = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
-        ]
-        if not partitions:
-            raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
-        consumer.assign(partitions)
-        for tp in partitions:
-            committed = consumer.committed(tp, timeout_ms=timeout_ms)
-            if committed is None:
-                consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, committed)
+    where = (bootstrap_servers, group, topic)
+    with _at_committed(*where, timeout_ms, client_options, "records") as (consumer, partitions):
         found: dict[TopicPartition, list[tuple[TopicPartition, int, bytes]]] = {
             tp: [] for tp in partitions
         }
@@ -190,16 +203,5 @@ def records_ahead(
                 if len(found[tp]) >= per_partition:
                     consumer.pause(tp)
                     left.discard(tp)
-            for tp in list(left):
-                high = consumer.highwater(tp)
-                if high is not None and consumer.position(tp) >= high:
-                    left.discard(tp)
+            _drop_read_to_end(consumer, left)
         return [entry for tp in partitions for entry in found[tp]]
-    except LagUnavailable:
-        raise
-    except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
-        raise LagUnavailable(
-            f"records of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        consumer.close(autocommit=False)
