@@ -26,7 +26,7 @@ docs:
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 pytest:
-	$(BIN)/pytest -ra
+	$(BIN)/pytest -ra --durations=20
 
 bench:
 	TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh
