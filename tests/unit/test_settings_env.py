@@ -132,3 +132,13 @@ def test_the_scan_sees_each_kind_of_read() -> None:
         ]
     )
     assert _environment_reads(ast.parse(source)) == ["'A'", "'B'", "'C'", "'D'", "*"]
+
+
+def test_a_wrong_setting_is_named_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing field is the message's only line: the defaults derived from the tree (the
+    profiles, from cache_dir) add no line of their own."""
+    monkeypatch.setenv("TIERGATE_GATEWAY__PORT", "eighty")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    lines = str(refused.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].strip().startswith("gateway.port:"), lines
