@@ -139,6 +139,11 @@ class PolicySettings(_Section):
     # last. Off, the engines keep vLLM's first-come order (an engine without priority
     # scheduling refuses a nonzero ``priority``). A caller's own ``priority`` is never sent.
     engine_priorities: bool = False
+    # A request for the fast tier that its admission cannot take within
+    # ``admission.priority_wait_seconds`` (queue full, or the wait over) is served at
+    # standard speed and echoed ``default``, as OpenAI serves ``priority`` beyond its
+    # capacity, rather than refused with 503. Off, it waits up to the tier's queue timeout.
+    busy_downgrade: bool = True
 
     @model_validator(mode="after")
     def _orders(self) -> PolicySettings:
@@ -282,6 +287,20 @@ class TierAdmission(_Section):
     max_queue: int = Field(256, ge=0)
 
 
+class FlexAdmission(_Section):
+    """OpenAI's ``flex``: a patient lane at the lowest urgency, on the standard engines.
+
+    At most ``max_concurrent`` flex requests hold a tier slot at once, so interactive
+    callers always find the rest; up to ``max_queue`` more wait, each up to
+    ``queue_timeout_seconds`` (OpenAI tells flex callers to allow 15 minutes). Beyond
+    either, the answer is 429 ``resource_unavailable`` with ``retry-after``."""
+
+    max_concurrent: int = Field(8, ge=1)
+    max_queue: int = Field(1024, ge=0)
+    queue_timeout_seconds: float = Field(600.0, gt=0)
+    retry_after_seconds: int = Field(5, ge=1)
+
+
 def _default_admission() -> dict[Tier, TierAdmission]:
     return {tier: TierAdmission() for tier in Tier}
 
@@ -297,6 +316,10 @@ class AdmissionSettings(_Section):
     long_context_tokens: int = Field(4096, ge=1)
     # Per tier, when no endpoint is designated for long context.
     long_context_max_concurrent: int = Field(4, ge=1)
+    # How long a fast-tier request waits for a slot before it is served by the standard
+    # tier instead (policy.busy_downgrade).
+    priority_wait_seconds: float = Field(1.0, gt=0)
+    flex: FlexAdmission = Field(default_factory=FlexAdmission)
 
     @field_validator("tiers", mode="after")
     @classmethod

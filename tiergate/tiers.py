@@ -20,8 +20,10 @@ class Tier(StrEnum):
 AUTO = "auto"
 
 # OpenAI's `flex` (cheaper, slower) and `scale` (reserved capacity at default speed) have no
-# tier of their own here; both are served at standard speed rather than refused, so that
-# unmodified clients that send them keep working.
+# pool of their own here: both are served by the standard tier's engines rather than
+# refused, so that unmodified clients that send them keep working. `flex` is a lane of its
+# own in admission (a capped, patient queue at the lowest urgency, refused with 429
+# `resource_unavailable` when full) and is echoed `flex`, as OpenAI does.
 _REQUESTED: dict[str, Tier | None] = {
     "auto": None,
     "default": Tier.STANDARD,
@@ -44,6 +46,20 @@ DEFAULT_URGENCY = 1
 FLEX_URGENCY = 2
 JOB_URGENCY = 2
 _URGENCY = {"priority": PRIORITY_URGENCY, "fast": PRIORITY_URGENCY, "flex": FLEX_URGENCY}
+
+
+FLEX = "flex"
+
+
+def is_flex(word: str | None) -> bool:
+    """Whether a requested tier word asks for the flex lane."""
+    return (word or "").strip().lower() == FLEX
+
+
+def served_word(tier: Tier, flex: bool) -> str:
+    """The word echoed in an answer's ``service_tier``: ``flex`` for the flex lane, else the
+    serving tier's OpenAI word."""
+    return FLEX if flex else tier.openai_name
 
 
 def urgency_of(word: str | None) -> int:

@@ -42,7 +42,7 @@ async def _measure(gatekeeper: Gatekeeper, header: str | None, n: int) -> list[f
         started = time.perf_counter()
         caller = gatekeeper.authenticate(header)
         decision = gatekeeper.decide(caller, req)
-        lease = await gatekeeper.admit(caller, req, decision.tier, f"bench-{i}")
+        lease = await gatekeeper.admit(caller, req, decision, f"bench-{i}")
         lease.end({"total_tokens": 120})
         if i >= 200:  # warm-up excluded
             samples.append((time.perf_counter() - started) * 1e6)

@@ -1,8 +1,10 @@
 """Admission in front of each tier's pool: a cap on requests in flight, a bounded priority
-queue behind it, and a separate cap for the long-context lane.
+queue behind it, and separate caps for the long-context lane and the flex lane.
 
 A full queue is the gateway's capacity, not the caller's limit: it answers 503 with
-``retry-after`` (429 is kept for the caller's own limits).
+``retry-after`` (429 is kept for the caller's own limits). The flex lane is the exception,
+as at OpenAI: a flex request that finds its lane full, or waits past the lane's (long)
+timeout, gets 429 ``resource_unavailable`` with ``retry-after``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class Admission:
 
     def __init__(self, settings: AdmissionSettings, designated_long: dict[Tier, bool]) -> None:
         self._settings = settings
+        self._flex = settings.flex
         self.tiers = {
             tier: Gate(cfg.max_concurrent, cfg.max_queue) for tier, cfg in _each(settings)
         }
@@ -104,6 +107,9 @@ class Admission:
             for tier in Tier
             if not designated_long.get(tier, False)
         }
+        # Flex requests hold a flex slot as well as a tier slot: at most flex.max_concurrent
+        # of a tier's slots go to the patient lane, the rest stay free for interactive calls.
+        self.flex = {tier: Gate(self._flex.max_concurrent, self._flex.max_queue) for tier in Tier}
 
     def fast_has_headroom(self) -> bool:
         gate = self.tiers[Tier.FAST]
@@ -112,28 +118,50 @@ class Admission:
     def is_long(self, prompt_tokens: int) -> bool:
         return prompt_tokens > self._settings.long_context_tokens
 
-    async def admit(self, tier: Tier, priority: int, long_prompt: bool) -> Ticket:
+    async def admit(
+        self,
+        tier: Tier,
+        priority: int,
+        long_prompt: bool,
+        flex: bool = False,
+        wait_seconds: float | None = None,
+    ) -> Ticket:
+        """Slots on ``tier`` (and its lanes), waiting at most ``wait_seconds`` in all (the
+        flex lane's timeout for flex, else the queue timeout); refused as the module says."""
         gate = self.tiers[tier]
-        if not (long_prompt and tier in self.long) and gate.try_enter():
+        lanes: list[tuple[Gate, str]] = []
+        if flex:
+            lanes.append((self.flex[tier], "flex lane"))
+        if long_prompt and tier in self.long:
+            lanes.append((self.long[tier], "long-context lane"))
+        if not lanes and gate.try_enter():
             return Ticket([gate], 0.0)  # a free slot and no queue: nothing to wait for
+        if wait_seconds is None:
+            wait_seconds = (
+                self._flex.queue_timeout_seconds if flex else self._settings.queue_timeout_seconds
+            )
         started = time.perf_counter()
+        deadline = started + wait_seconds
         gates: list[Gate] = []
         try:
-            if long_prompt and tier in self.long:
-                await self._enter(self.long[tier], tier, priority, "long-context lane")
-                gates.append(self.long[tier])
-            await self._enter(self.tiers[tier], tier, priority, "tier")
-            gates.append(self.tiers[tier])
+            for lane, what in [*lanes, (gate, "tier")]:
+                await self._enter(lane, tier, priority, what, deadline, flex)
+                gates.append(lane)
         except BaseException:
-            for gate in reversed(gates):
-                gate.leave()
+            for held in reversed(gates):
+                held.leave()
             raise
         return Ticket(gates, time.perf_counter() - started)
 
-    async def _enter(self, gate: Gate, tier: Tier, priority: int, what: str) -> None:
+    async def _enter(
+        self, gate: Gate, tier: Tier, priority: int, what: str, deadline: float, flex: bool
+    ) -> None:
+        wait = max(0.0, deadline - time.perf_counter())
         try:
-            await gate.enter(priority, self._settings.queue_timeout_seconds)
+            await gate.enter(priority, wait)
         except LookupError:
+            if flex:
+                raise self._flex_unavailable(f"The {tier.value} {what} is full") from None
             raise OpenAIError(
                 503,
                 f"The {tier.value} {what} is at capacity; retry shortly.",
@@ -142,14 +170,29 @@ class Admission:
                 headers={"retry-after": "1"},
             ) from None
         except TimeoutError:
+            waited = f"Waited {self._wait_of(flex):g}s for the {tier.value} {what}"
+            if flex:
+                raise self._flex_unavailable(waited) from None
             raise OpenAIError(
                 503,
-                f"Waited {self._settings.queue_timeout_seconds:g}s for the {tier.value} "
-                f"{what}; retry shortly.",
+                f"{waited}; retry shortly.",
                 code="capacity_exceeded",
                 type_="server_error",
                 headers={"retry-after": "2"},
             ) from None
+
+    def _wait_of(self, flex: bool) -> float:
+        return self._flex.queue_timeout_seconds if flex else self._settings.queue_timeout_seconds
+
+    def _flex_unavailable(self, what: str) -> OpenAIError:
+        """OpenAI's answer when flex capacity is short: 429, not billed, retry later."""
+        return OpenAIError(
+            429,
+            f"{what}: flex capacity is unavailable now; retry later, or use the default tier.",
+            code="resource_unavailable",
+            type_="rate_limit_error",
+            headers={"retry-after": str(self._flex.retry_after_seconds)},
+        )
 
 
 def _each(settings: AdmissionSettings) -> list[tuple[Tier, TierAdmission]]:

@@ -25,7 +25,11 @@ class AdmissionCollector(Collector):
         active = GaugeMetricFamily(
             "tiergate_admission_in_flight", "Requests holding a slot", labels=["tier", "lane"]
         )
-        for lane, gates in (("all", self._admission.tiers), ("long", self._admission.long)):
+        for lane, gates in (
+            ("all", self._admission.tiers),
+            ("long", self._admission.long),
+            ("flex", self._admission.flex),
+        ):
             for tier, gate in gates.items():
                 depth.add_metric([tier.value, lane], float(gate.queued))
                 active.add_metric([tier.value, lane], float(gate.active))

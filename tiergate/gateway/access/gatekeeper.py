@@ -14,7 +14,7 @@ from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierC
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.settings import KeyLimits, Settings
-from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, Tier
+from tiergate.tiers import FLEX_URGENCY
 
 
 class Asking(Protocol):
@@ -39,6 +39,9 @@ class Lease:
     limiter: Limiter
     request_id: str
     estimate: int
+    # The tier the request was admitted on: the policy's decision, or the one it gave
+    # instead when that tier's admission was busy (TierPolicy.when_busy).
+    choice: TierChoice
     decision: Decision | None = None
     ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -117,15 +120,14 @@ class Gatekeeper:
         return max(1, math.ceil(req.prompt_chars / self._settings.limits.chars_per_token))
 
     async def admit(
-        self,
-        caller: Caller,
-        req: Asking,
-        tier: Tier,
-        request_id: str,
-        urgency: int = DEFAULT_URGENCY,
+        self, caller: Caller, req: Asking, choice: TierChoice, request_id: str
     ) -> Lease:
+        """The key's limits (429), then admission on ``choice.tier`` (503; 429 for flex).
+        A request the policy would move when its tier is busy waits there only
+        ``admission.priority_wait_seconds`` before it is admitted on the policy's other
+        choice; the lease says which (``lease.choice``)."""
         estimate = self.estimate_tokens(req)
-        lease = Lease(caller, self.limiter, request_id, estimate)
+        lease = Lease(caller, self.limiter, request_id, estimate, choice)
         key = caller.key
         if key is not None and (
             key.limits.requests_per_minute
@@ -137,17 +139,28 @@ class Gatekeeper:
             lease.headers = decision.headers()
             if not decision.allowed:
                 raise self._refused(caller, decision, lease.headers)
+        rank = admission_rank(caller.priority, choice.urgency)
+        long_prompt = self.admission.is_long(estimate)
+        instead = self.policy.when_busy(caller, choice, req.needs)
         try:
-            lease.ticket = await self.admission.admit(
-                tier, admission_rank(caller.priority, urgency), self.admission.is_long(estimate)
-            )
+            try:
+                wait = None if instead is None else self._settings.admission.priority_wait_seconds
+                lease.ticket = await self.admission.admit(
+                    choice.tier, rank, long_prompt, choice.flex, wait
+                )
+            except OpenAIError as err:
+                if instead is None or err.code != "capacity_exceeded":
+                    raise
+                self._metrics.admission_rejected.labels(choice.tier.value).inc()
+                lease.choice = instead
+                lease.ticket = await self.admission.admit(instead.tier, rank, long_prompt)
         except OpenAIError as err:
             lease.end()
-            self._metrics.admission_rejected.labels(tier.value).inc()
+            self._metrics.admission_rejected.labels(lease.choice.tier.value).inc()
             err.headers = {**lease.headers, **err.headers}
             raise
         m = self._metrics
-        m.observe(m.queue_wait, lease.ticket.waited_seconds, tier)
+        m.observe(m.queue_wait, lease.ticket.waited_seconds, lease.choice.tier)
         return lease
 
 

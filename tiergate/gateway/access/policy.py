@@ -24,6 +24,7 @@ class Reason(StrEnum):
     HEADROOM = "headroom"  # auto, and the fast tier's admission had (or lacked) headroom
     CAPABILITY = "capability"  # the asked tier cannot serve this request; the other can
     KEY = "key"  # the key may not use the implicit tier; it may use the other
+    BUSY = "busy"  # priority asked, the fast tier's admission could not take it in time
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class AskedTier:
     tier: Tier | None
     reason: Reason = Reason.AUTO
     urgency: int = DEFAULT_URGENCY  # tiergate.tiers: lower is served first
+    flex: bool = False  # OpenAI's `flex`: the patient lane (tiergate.tiers.is_flex)
 
     @property
     def explicit(self) -> bool:
@@ -58,6 +60,9 @@ class TierChoice:
     # Where requests share a queue, lower is served first (tiergate.tiers): what was asked,
     # or JOB_URGENCY for an agent job's call.
     urgency: int = DEFAULT_URGENCY
+    # The flex lane: admitted through its own capped queue, refused with 429
+    # resource_unavailable when full, echoed `flex`.
+    flex: bool = False
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
@@ -114,9 +119,23 @@ class TierPolicy:
         route neither tier serves."""
         decision = self._decide(caller, asked, needs)
         urgency = max(asked.urgency, JOB_URGENCY) if caller.for_job else asked.urgency
-        if urgency == decision.urgency:  # the usual case: no copy (dataclasses.replace
-            return decision  # cost about 1% of a proxied request's CPU)
-        return dataclasses.replace(decision, urgency=urgency)
+        if urgency == decision.urgency and not asked.flex:  # the usual case: no copy
+            return decision  # (dataclasses.replace cost about 1% of a request's CPU)
+        return dataclasses.replace(decision, urgency=urgency, flex=asked.flex)
+
+    def when_busy(self, caller: Caller, decision: TierChoice, needs: Needs) -> TierChoice | None:
+        """The tier to serve on instead when ``decision.tier``'s admission cannot take the
+        request in time, or None (the request is then refused as the queue's answer).
+
+        As OpenAI does with ``priority`` beyond its capacity, a request for the fast tier
+        is served at standard speed (echoed ``default``) rather than failed for want of the
+        faster lane, where the key may use standard and standard serves the request. The
+        flex lane is never moved: its answer when full is 429 ``resource_unavailable``."""
+        if decision.tier is not Tier.FAST or decision.flex or not self._settings.busy_downgrade:
+            return None
+        if not caller.may_use_tier(Tier.STANDARD) or not self._can_serve(Tier.STANDARD, needs):
+            return None
+        return TierChoice(Tier.STANDARD, Reason.BUSY, None, decision.urgency)
 
     def _decide(self, caller: Caller, asked: AskedTier, needs: Needs) -> TierChoice:
         usable = [t for t in _TIERS if caller.may_use_tier(t)]

@@ -144,9 +144,10 @@ class CompletionsProxy:
             # Tier and Reason are StrEnums: their members are the strings (``.value`` is a
             # descriptor call, and the hot path would make six).
             fields.update(tier_requested=decision.tier, tier_reason=decision.reason)
-            lease = await watch.race(
-                self._gatekeeper.admit(caller, req, decision.tier, request_id, decision.urgency)
-            )
+            lease = await watch.race(self._gatekeeper.admit(caller, req, decision, request_id))
+            if lease.choice is not decision:  # the asked tier's admission was busy
+                decision = lease.choice
+                fields["tier_reason"] = decision.reason
             headers.update(lease.headers)
             long_prompt = self._gatekeeper.admission.is_long(lease.estimate)
             body = upstream_body(
@@ -233,7 +234,7 @@ class CompletionsProxy:
                 data = None
         if isinstance(data, dict):
             if req.route.echoes_tier:
-                echo_tier(data, tier)
+                echo_tier(data, tier, ctx.lease.choice.flex)
             usage = data.get("usage")
             if isinstance(usage, dict):
                 self._count_tokens(tier, req.model, usage)
@@ -335,9 +336,9 @@ class CompletionsProxy:
             )
 
         rewrite = (
-            ResponseEventRewriter(tier, outcome)
+            ResponseEventRewriter(tier, outcome, ctx.lease.choice.flex)
             if req.route.stream_end is StreamEnd.RESPONSE
-            else ChunkRewriter(tier, req.wants_usage, outcome)
+            else ChunkRewriter(tier, req.wants_usage, outcome, ctx.lease.choice.flex)
         )
         body = relay_events(
             opened,

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from tiergate.tiers import Tier
+from tiergate.tiers import Tier, served_word
 
 
 class RouteKind(StrEnum):
@@ -29,11 +29,12 @@ class StreamEnd(StrEnum):
     RESPONSE = "response"  # the Responses API: a `response.completed` (or failed) event
 
 
-def echo_tier(answer: dict[str, Any], tier: Tier) -> None:
+def echo_tier(answer: dict[str, Any], tier: Tier, flex: bool = False) -> None:
     """The served tier written into an answer object (a completion, a stream's chunk, a
-    response): OpenAI's ``service_tier``, as the tier's OpenAI word. The one place the echo
-    is written; which routes echo is the table's ``echoes_tier``."""
-    answer["service_tier"] = tier.openai_name
+    response): OpenAI's ``service_tier``, as the tier's OpenAI word, or ``flex`` for the
+    flex lane (tiergate.tiers.served_word). The one place the echo is written; which
+    routes echo is the table's ``echoes_tier``."""
+    answer["service_tier"] = served_word(tier, flex)
 
 
 def _dumps(value: Any) -> str:

@@ -16,7 +16,13 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.openai.assemble import assembles
 from tiergate.gateway.openai.emptyinput import refuse_empty_input
 from tiergate.gateway.openai.routes import ROUTES, Route
-from tiergate.tiers import ACCEPTED_WORDS, UnknownTierError, parse_requested_tier, urgency_of
+from tiergate.tiers import (
+    ACCEPTED_WORDS,
+    UnknownTierError,
+    is_flex,
+    parse_requested_tier,
+    urgency_of,
+)
 
 TIER_HEADER = "x-tiergate-tier"
 
@@ -127,11 +133,12 @@ def requested_tier(field: object, header: str | None = None) -> AskedTier:
     try:
         # The body field wins; the header serves clients that cannot set the field.
         if field is not None and field.strip().lower() != "auto":
-            return AskedTier(parse_requested_tier(field), Reason.REQUESTED, urgency_of(field))
+            tier = parse_requested_tier(field)
+            return AskedTier(tier, Reason.REQUESTED, urgency_of(field), is_flex(field))
         if header:
             tier = parse_requested_tier(header)
             if tier is not None:
-                return AskedTier(tier, Reason.HEADER, urgency_of(header))
+                return AskedTier(tier, Reason.HEADER, urgency_of(header), is_flex(header))
     except UnknownTierError as exc:
         param = "service_tier" if field is not None else TIER_HEADER
         raise OpenAIError(

@@ -51,8 +51,11 @@ class ChunkRewriter:
     """Chat and completions: rewrites one ``data:`` event: echoes the served tier, hides
     usage the client did not ask for (the gateway always asks, to count tokens)."""
 
-    def __init__(self, served_tier: Tier, wants_usage: bool, outcome: StreamOutcome) -> None:
+    def __init__(
+        self, served_tier: Tier, wants_usage: bool, outcome: StreamOutcome, flex: bool = False
+    ) -> None:
         self._tier = served_tier
+        self._flex = flex
         self._wants_usage = wants_usage
         self._outcome = outcome
 
@@ -88,7 +91,7 @@ class ChunkRewriter:
             if not choices and usage:
                 return None
             obj.pop("usage", None)
-        echo_tier(obj, self._tier)
+        echo_tier(obj, self._tier, self._flex)
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -126,8 +129,9 @@ class ResponseEventRewriter:
     served tier goes into each event's ``response`` object; the stream is complete at its
     terminal event, whose ``response.usage`` is the stream's usage."""
 
-    def __init__(self, served_tier: Tier, outcome: StreamOutcome) -> None:
+    def __init__(self, served_tier: Tier, outcome: StreamOutcome, flex: bool = False) -> None:
         self._tier = served_tier
+        self._flex = flex
         self._outcome = outcome
         self._sequence = 0
 
@@ -163,7 +167,7 @@ class ResponseEventRewriter:
         response = obj.get("response")
         if not isinstance(response, dict):
             return event + b"\n\n"
-        echo_tier(response, self._tier)
+        echo_tier(response, self._tier, self._flex)
         if kind in _TERMINAL_RESPONSE_EVENTS:
             self._outcome.completed = True
             usage = response.get("usage")
