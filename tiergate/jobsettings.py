@@ -180,6 +180,19 @@ class BreakerSettings(_Section):
     probe_seconds: float = Field(300.0, gt=0)
 
 
+class FilesSettings(_Section):
+    """OpenAI's Files API (``/v1/files``, tiergate.gateway.jobs.files), in the jobs' object
+    storage. The limits are OpenAI's for a batch input file: 200 MB and 50,000 lines
+    (requests), each line a JSON object; a key holds at most ``max_files_per_key`` files
+    and ``quota_bytes`` of them (OpenAI's per-organisation storage is far larger; this is
+    one installation's disk)."""
+
+    max_file_bytes: int = Field(200 * 1000 * 1000, ge=1024)
+    max_lines: int = Field(50_000, ge=1)
+    max_files_per_key: int = Field(1000, ge=1)
+    quota_bytes: int = Field(10 * 1024 * 1024 * 1024, ge=1024)
+
+
 class JobsSettings(_Section):
     """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
 
@@ -252,6 +265,7 @@ class JobsSettings(_Section):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
 
     @model_validator(mode="after")
     def _a_uid_per_slot(self) -> JobsSettings:

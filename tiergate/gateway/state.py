@@ -26,6 +26,7 @@ from tiergate.tiers import Tier
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
     from tiergate.gateway.jobs.api import JobsAPI
     from tiergate.gateway.jobs.batches import BatchesAPI
+    from tiergate.gateway.jobs.files import FilesAPI
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class GatewayState:
     evidence: TierEvidence
     jobs: JobsAPI | None = None
     batches: BatchesAPI | None = None
+    files: FilesAPI | None = None
 
 
 def install_gateway_state(app: Starlette, state: GatewayState) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.jobs.api import JobsAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
+from tiergate.gateway.jobs.files import FilesAPI
+from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.queue.pipeline import JobQueue
 from tiergate.settings import Settings
@@ -20,6 +22,7 @@ class JobsWiring:
 
     jobs: JobsAPI
     batches: BatchesAPI
+    files: FilesAPI
     queue: JobQueue
     stream_pool: ThreadPoolExecutor
 
@@ -40,4 +43,5 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         settings.jobs, store, queue, gatekeeper, settings.gateway.max_body_bytes, stream_pool
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
-    return JobsWiring(jobs, batches, queue, stream_pool)
+    files = FilesAPI(settings.jobs.files, FileStore(store), gatekeeper, jobs.storage)
+    return JobsWiring(jobs, batches, files, queue, stream_pool)
