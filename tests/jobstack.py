@@ -33,6 +33,8 @@ def jobs_tree(
             "retry_topic": f"retry-{name}",
             "dead_letter_topic": f"dead-{name}",
             "group": f"workers-{name}",
+            "batch_topic": f"openai-batches-{name}",
+            "batch_group": f"batch-workers-{name}",
             "partitions": 2,
         },
         "storage": {"endpoint_url": s3, "bucket": f"bucket-{name}"},

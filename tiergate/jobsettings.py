@@ -19,6 +19,10 @@ class KafkaSettings(_Section):
     retry_topic: str = "tiergate-jobs-retry"
     dead_letter_topic: str = "tiergate-jobs-dead"
     group: str = "tiergate-workers"
+    # OpenAI's Batch API: one record per chunk of a batch's lines (tiergate.jobs.lines),
+    # read by every worker in a group of its own.
+    batch_topic: str = "tiergate-openai-batches"
+    batch_group: str = "tiergate-batch-workers"
     partitions: int = Field(8, ge=1)
     # A worker (re)joining pays about half of this before its first job (the broker holds
     # the join); a dead worker's jobs move to another after it. Heartbeats run in a thread,
@@ -193,6 +197,28 @@ class FilesSettings(_Section):
     quota_bytes: int = Field(10 * 1024 * 1024 * 1024, ge=1024)
 
 
+class BatchApiSettings(_Section):
+    """OpenAI's Batch API (``/v1/batches``, tiergate.jobs.lines): a batch's lines are cut
+    into chunks of ``chunk_lines``, each a record on ``kafka.batch_topic``; a worker runs a
+    chunk's lines ``line_concurrency`` at a time through the gateway, at the agent jobs'
+    urgency (after every interactive request), retrying the gateway's capacity answers
+    (429, 503) for up to ``line_patience_seconds``. A key may have ``max_active_batches``
+    unfinished, holding at most ``max_enqueued_requests`` lines and ``max_enqueued_tokens``
+    (OpenAI's enqueued-token limit; estimated as the lines' bytes / limits.chars_per_token
+    plus their max_tokens). A cancelled batch is final once its chunks in flight have
+    ended, or after ``cancel_grace_seconds``."""
+
+    chunk_lines: int = Field(16, ge=1, le=1000)
+    line_concurrency: int = Field(4, ge=1, le=64)
+    line_timeout_seconds: float = Field(600.0, gt=0)
+    line_patience_seconds: float = Field(900.0, gt=0)
+    max_active_batches: int = Field(16, ge=1)
+    max_enqueued_requests: int = Field(200_000, ge=1)
+    max_enqueued_tokens: int = Field(100_000_000, ge=1)
+    cancel_grace_seconds: float = Field(30.0, ge=0)
+    completion_window_seconds: int = Field(24 * 3600, ge=1)
+
+
 class JobsSettings(_Section):
     """Agent jobs: Kafka in, sandboxed runs, results in object storage."""
 
@@ -266,6 +292,7 @@ class JobsSettings(_Section):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     files: FilesSettings = Field(default_factory=FilesSettings)
+    batch_api: BatchApiSettings = Field(default_factory=BatchApiSettings)
 
     @model_validator(mode="after")
     def _a_uid_per_slot(self) -> JobsSettings:

@@ -206,6 +206,26 @@ class ObjectStore:
 
         return self._call("read", get)
 
+    def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start``..``end`` (exclusive) of ``key``, or None when it is not stored."""
+        if end <= start:
+            return b""
+
+        def get() -> bytes | None:
+            try:
+                got = self._s3.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+                )
+            except ClientError as exc:
+                if _missing(exc):
+                    return None
+                raise
+            body = bytes(got["Body"].read())
+            self._count(read_bytes=len(body))
+            return body
+
+        return self._call("read", get)
+
     def get_unless(self, key: str, etag: str | None) -> tuple[bytes | None, str] | None:
         """``key``'s content and ETag, unless it still has ``etag`` (``If-None-Match``):
         then (None, ``etag``), nothing transferred; None when it is not stored."""

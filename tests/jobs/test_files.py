@@ -119,5 +119,3 @@ def test_the_manuals_files_example_runs_as_written(
         gone = httpx.get(f"{stack.base}/v1/files/{file_id}")
         assert gone.status_code == 404
         assert gone.json()["error"]["code"] == "file_not_found"
-        # The Batch API itself is not served yet, as the manual says.
-        assert httpx.post(f"{stack.base}/v1/batches", json={}).status_code == 404

@@ -27,6 +27,7 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.batchroutes import add_batch_components, register_batch_routes
 from tiergate.gateway.jobs.fileroutes import register_file_routes
 from tiergate.gateway.jobs.routes import add_job_components, register_job_routes
 from tiergate.gateway.logs import AccessLog
@@ -182,7 +183,7 @@ def create_app(settings: Settings) -> FastAPI:
 
             wiring = build_jobs(settings, gatekeeper)
             state.jobs, state.batches = wiring.jobs, wiring.batches
-            state.files = wiring.files
+            state.files, state.openai_batches = wiring.files, wiring.openai_batches
         for pool in pools.values():
             await pool.start()
         if isinstance(app, GatewayApp):
@@ -251,12 +252,14 @@ def create_app(settings: Settings) -> FastAPI:
         )
         openapi.add_model_examples(schema, names)
         add_job_components(schema)
+        add_batch_components(schema)
         return schema
 
     app.openapi = openapi_with_served_models  # type: ignore[method-assign]
 
     register_job_routes(app, lambda r: gateway_state(r).jobs, lambda r: gateway_state(r).batches)
     register_file_routes(app, lambda r: gateway_state(r).files)
+    register_batch_routes(app, lambda r: gateway_state(r).openai_batches)
     register_ops_routes(app, settings)
 
     @app.exception_handler(OpenAIError)

@@ -25,6 +25,7 @@ from tiergate.tiers import Tier
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
     from tiergate.gateway.jobs.api import JobsAPI
+    from tiergate.gateway.jobs.batchapi import BatchAPI
     from tiergate.gateway.jobs.batches import BatchesAPI
     from tiergate.gateway.jobs.files import FilesAPI
 
@@ -43,6 +44,7 @@ class GatewayState:
     jobs: JobsAPI | None = None
     batches: BatchesAPI | None = None
     files: FilesAPI | None = None
+    openai_batches: BatchAPI | None = None
 
 
 def install_gateway_state(app: Starlette, state: GatewayState) -> None:

@@ -28,6 +28,7 @@ from kafka.errors import (
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from tiergate.protocol import JobMessage
+from tiergate.protocol.openaibatch import ChunkMessage
 from tiergate.settings import KafkaSettings
 
 log = logging.getLogger("tiergate.pipeline")
@@ -57,7 +58,7 @@ class MessageTooLarge(QueueUnavailable):
 _SIZE_ERRORS = (MessageSizeTooLargeError, RecordListTooLargeError)
 
 
-def message_size(message: JobMessage) -> int:
+def message_size(message: JobMessage | ChunkMessage) -> int:
     """The size the producer counts against ``max_request_size`` for ``message`` (the
     record batch kafka-python estimates for its key and value)."""
     size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(
@@ -93,6 +94,7 @@ class JobQueue:
                     self._settings.topic,
                     self._settings.retry_topic,
                     self._settings.dead_letter_topic,
+                    self._settings.batch_topic,
                 )
                 if name not in existing
             ]
@@ -131,13 +133,13 @@ class JobQueue:
             with contextlib.suppress(Exception):
                 producer.close(timeout=1)
 
-    def check_size(self, message: JobMessage) -> None:
+    def check_size(self, message: JobMessage | ChunkMessage) -> None:
         """Raise :class:`MessageTooLarge` when ``message`` is over the producer's limit."""
         size = message_size(message)
         if size > self._settings.max_request_size:
             raise MessageTooLarge(size, self._settings.max_request_size)
 
-    def _send(self, topic: str, message: JobMessage) -> None:
+    def _send(self, topic: str, message: JobMessage | ChunkMessage) -> None:
         """Produce and wait for the broker's acknowledgement (``acks=all``): an answer here
         means the message is in the broker's storage. A first failure (a broker that
         restarted, topics that vanished with an in-memory broker) gets one more try on a
@@ -179,6 +181,10 @@ class JobQueue:
 
     def retry_later(self, message: JobMessage) -> None:
         self._send(self._settings.retry_topic, message)
+
+    def send_chunk(self, message: ChunkMessage) -> None:
+        """One chunk of an OpenAI batch's lines (tiergate.jobs.lines), acknowledged."""
+        self._send(self._settings.batch_topic, message)
 
     def dead_letter(self, message: JobMessage) -> None:
         self._send(self._settings.dead_letter_topic, message)

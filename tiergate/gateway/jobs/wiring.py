@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.jobs.api import JobsAPI
+from tiergate.gateway.jobs.batchapi import BatchAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.jobs.files import FilesAPI
+from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.queue.pipeline import JobQueue
@@ -23,6 +25,7 @@ class JobsWiring:
     jobs: JobsAPI
     batches: BatchesAPI
     files: FilesAPI
+    openai_batches: BatchAPI
     queue: JobQueue
     stream_pool: ThreadPoolExecutor
 
@@ -43,5 +46,16 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         settings.jobs, store, queue, gatekeeper, settings.gateway.max_body_bytes, stream_pool
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
-    files = FilesAPI(settings.jobs.files, FileStore(store), gatekeeper, jobs.storage)
-    return JobsWiring(jobs, batches, files, queue, stream_pool)
+    file_store = FileStore(store)
+    files = FilesAPI(settings.jobs.files, file_store, gatekeeper, jobs.storage)
+    openai_batches = BatchAPI(
+        settings.jobs.batch_api,
+        LineBatchStore(store),
+        file_store,
+        queue,
+        gatekeeper,
+        jobs.storage,
+        settings.gateway.max_body_bytes,
+        settings.limits.chars_per_token,
+    )
+    return JobsWiring(jobs, batches, files, openai_batches, queue, stream_pool)

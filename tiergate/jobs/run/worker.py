@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -42,18 +43,22 @@ from pydantic import ValidationError
 
 from tiergate.jobs.batches.driver import BatchDriver
 from tiergate.jobs.batches.metrics import BatchMetrics
-from tiergate.jobs.run.agent import ModelClient
+from tiergate.jobs.lines.runner import ChunkRunner
+from tiergate.jobs.lines.store import LineBatchStore
+from tiergate.jobs.run.agent import ModelClient, ModelUnavailable, WorkerKey
 from tiergate.jobs.run.observe import Liveness, WorkerMetrics
 from tiergate.jobs.run.observe_http import WorkerHTTP
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.run.steal import Stealer
 from tiergate.jobs.state.breaker import BreakerBoard
+from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.lease import Fenced
 from tiergate.jobs.state.share import FleetShare
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.jobs.state.sweep import Sweeper
 from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
+from tiergate.protocol.openaibatch import ChunkMessage
 from tiergate.queue.consumer import Disposition, JobConsumer, Work
 from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.membership import Membership
@@ -111,7 +116,7 @@ class Worker:
         kafka = settings.kafka
         self.memberships = {
             group: Membership(group, kafka.assignment)
-            for group in (kafka.group, f"{kafka.group}-retry")
+            for group in (kafka.group, f"{kafka.group}-retry", kafka.batch_group)
         }
         self.consumer = JobConsumer(
             self._jobs_consumer,
@@ -208,6 +213,7 @@ class Worker:
         self._thread("lease-keeper", self._keep_leases)
         self._thread("retry-forwarder", self._forward_retries)
         self._thread("batch-scheduler", self._schedule_batches)
+        self._thread("openai-batches", self._run_openai_batches)
         self._thread("sweeper", self._sweep)
         if self.http is not None:
             self.http.start()
@@ -352,17 +358,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self.liveness.beat(name)
-                try:
-                    polled = consumer.poll(timeout_ms=500, max_records=1)
-                except InconsistentGroupProtocolError:
-                    consumer.close(autocommit=False)
-                    self.memberships[group].refused()
-                    consumer = self._consumer(kafka.retry_topic, group)
-                    continue
-                except KafkaError as exc:  # the broker away or the group rebalancing
-                    log.warning("retry forwarder: poll failed: %r", exc)
-                    self._stopping.wait(1.0)
-                    continue
+                consumer, polled = self._poll_one(consumer, kafka.retry_topic, group)
                 for tp, records in polled.items():
                     for record in records:
                         try:
@@ -386,6 +382,23 @@ class Worker:
         finally:
             consumer.close(autocommit=False)
 
+    def _poll_one(
+        self, consumer: KafkaConsumer, topic: str, group: str
+    ) -> tuple[KafkaConsumer, dict[TopicPartition, list[Any]]]:
+        """One record at most from ``consumer``; none while the broker is away or the group
+        rebalances (after a pause), and a new consumer when the group refused its
+        assignor (tiergate.queue.membership)."""
+        try:
+            return consumer, consumer.poll(timeout_ms=500, max_records=1)
+        except InconsistentGroupProtocolError:
+            consumer.close(autocommit=False)
+            self.memberships[group].refused()
+            return self._consumer(topic, group), {}
+        except KafkaError as exc:  # the broker away or the group rebalancing
+            log.warning("%s: poll failed: %r", group, exc)
+            self._stopping.wait(1.0)
+            return consumer, {}
+
     def _schedule_batches(self) -> None:
         """Rollout batches whose lease this worker holds (tiergate.jobs.batches)."""
         name = threading.current_thread().name
@@ -404,6 +417,58 @@ class Worker:
             except (StorageError, QueueUnavailable, Fenced) as exc:
                 log.warning("batch scheduling pass skipped: %s", exc)
         driver.release()
+
+    def _run_openai_batches(self) -> None:
+        """OpenAI batches' chunks (tiergate.jobs.lines), one at a time, in a group of their
+        own: a chunk's offset is committed once its answers are written, so a worker that
+        dies mid-chunk has it run again elsewhere, and the write-once answers keep one
+        answer a line. A chunk that cannot be written now (storage down) is sought back
+        and tried again."""
+        name = threading.current_thread().name
+        kafka = self._settings.kafka
+        runner = ChunkRunner(
+            self._settings.batch_api,
+            LineBatchStore(self._store),
+            FileStore(self._store),
+            self._settings.gateway_url,
+            WorkerKey(self._settings.worker.api_key, self._settings.worker.api_key_file).get,
+            self._stopping,
+        )
+        consumer = self._consumer(kafka.batch_topic, kafka.batch_group)
+        try:
+            while not self._stopping.is_set():
+                self.liveness.beat(name)
+                consumer, polled = self._poll_one(consumer, kafka.batch_topic, kafka.batch_group)
+                for tp, records in polled.items():
+                    for record in records:
+                        try:
+                            message = ChunkMessage.model_validate_json(record.value)
+                        except ValidationError as exc:
+                            log.error("unreadable batch chunk at %s dropped: %s", tp, exc)
+                            self._commit(consumer, tp, record.offset)
+                            continue
+                        try:
+                            with self.liveness.busy(name):
+                                runner.run(message, lambda: self.liveness.beat(name))
+                        except (StorageError, InterruptedError, ModelUnavailable) as exc:
+                            log.warning("batch chunk %s not answered yet: %s", message.id, exc)
+                            consumer.seek(tp, record.offset)
+                            self._stopping.wait(1.0)
+                            continue
+                        except Exception:
+                            # A chunk this code cannot run (a bug, never the tenant's lines:
+                            # they were checked at creation) must not stop the thread or
+                            # come back for ever: its lines are answered as errors.
+                            log.exception("batch chunk %s failed; its lines fail", message.id)
+                            try:
+                                runner.fail(message, "internal_error")
+                            except StorageError:
+                                consumer.seek(tp, record.offset)
+                                continue
+                        self._commit(consumer, tp, record.offset)
+        finally:
+            runner.close()
+            consumer.close(autocommit=False)
 
     def _sweep(self) -> None:
         """Queue lag for the metrics every 15 s; the lost-message sweep every minute."""

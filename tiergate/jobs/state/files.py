@@ -60,6 +60,10 @@ class FileStore:
         """The content into the file ``path``, a chunk at a time; False when missing."""
         return self._objects.get_file(self._key(owner, file_id, _CONTENT), path)
 
+    def content_range(self, owner: str, file_id: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start``..``end`` of the content (a batch chunk's lines)."""
+        return self._objects.get_range(self._key(owner, file_id, _CONTENT), start, end)
+
     def ids(self, owner: str) -> list[str]:
         """The ids of ``owner``'s files, oldest first (one LIST of the owner's keys)."""
         root = f"{self._root}{owner}/"

@@ -1,0 +1,365 @@
+"""OpenAI's Batch API (``/v1/batches``) over the jobs pipeline (tiergate.jobs.lines), as
+OpenAI's clients call it: create from an uploaded file, retrieve, list, cancel.
+
+Creating a batch validates its input file at once (a line that is not JSON, a duplicate
+``custom_id``, a method other than POST, a ``url`` other than the batch's ``endpoint``, a
+model the key may not use or that differs from the first line's) and a batch that fails
+validation is answered ``failed`` with ``errors.data`` naming each line, as OpenAI reports
+it; so ``validating`` is never seen here. A valid batch is cut into chunks of
+``batch_api.chunk_lines``, each a record on the batch topic (acknowledged before the answer,
+else 503 and nothing is kept), and is ``in_progress`` from then on. A key holds at most
+``batch_api.max_active_batches`` unfinished batches (429), and their lines and estimated
+tokens at most ``max_enqueued_requests`` and ``max_enqueued_tokens`` (the batch fails with
+``request_limit_exceeded`` or ``token_limit_exceeded``, as OpenAI's does past its
+enqueued-token limit). Another key's batch is 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from tiergate.gateway.access.auth import Caller
+from tiergate.gateway.access.gatekeeper import Gatekeeper
+from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.uploads import Storage
+from tiergate.gateway.openai.selection import parse_body, read_body
+from tiergate.jobs.lines.finalize import Finalizer, public
+from tiergate.jobs.lines.store import LineBatchStore, new_batch_id
+from tiergate.jobs.state.files import FileStore
+from tiergate.jobsettings import BatchApiSettings
+from tiergate.protocol.openaibatch import FINAL, ChunkMessage, OpenAIBatchCreate
+from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+
+_BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
+_MAX_ERRORS = 100
+
+
+def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json", headers=headers)
+
+
+def _not_found(batch_id: str) -> OpenAIError:
+    return OpenAIError(
+        404, f"No such Batch object: {batch_id}", param="batch_id", code="batch_not_found"
+    )
+
+
+class _Checked:
+    """What validating an input file found: the chunks, the lines, the estimated tokens
+    and the errors (each OpenAI's ``{code, message, param, line}``)."""
+
+    def __init__(self) -> None:
+        self.plan: list[list[int]] = []
+        self.lines = 0
+        self.tokens = 0
+        self.model: str | None = None
+        self.errors: list[dict[str, Any]] = []
+
+    def error(self, code: str, message: str, line: int, param: str | None = None) -> None:
+        if len(self.errors) < _MAX_ERRORS:
+            self.errors.append({"code": code, "message": message, "param": param, "line": line})
+
+
+def check_input(path: Path, endpoint: str, chunk_lines: int, chars_per_token: float) -> _Checked:
+    """Read the input file once: its chunks' byte ranges, and every line's problems."""
+    found = _Checked()
+    seen: set[str] = set()
+    offset = 0
+    chunk_start, chunk_first, in_chunk = 0, 1, 0
+    with path.open("rb") as source:
+        for number, raw in enumerate(source, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            if in_chunk == 0:
+                chunk_start, chunk_first = start, number
+            in_chunk += 1
+            found.lines += 1
+            _check_line(found, raw, number, endpoint, seen, chars_per_token)
+            if in_chunk == chunk_lines:
+                found.plan.append([chunk_start, offset, chunk_first, in_chunk])
+                in_chunk = 0
+    if in_chunk:
+        found.plan.append([chunk_start, offset, chunk_first, in_chunk])
+    if found.lines == 0:
+        found.error("empty_file", "The input file has no requests.", 0)
+    return found
+
+
+def _check_line(
+    found: _Checked, raw: bytes, number: int, endpoint: str, seen: set[str], chars: float
+) -> None:
+    try:
+        line = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        found.error("invalid_json_line", "This line is not parseable as valid JSON.", number)
+        return
+    if not isinstance(line, dict):
+        found.error("invalid_json_line", "This line is not a JSON object.", number)
+        return
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        found.error("missing_required_parameter", "custom_id is required.", number, "custom_id")
+    elif custom_id in seen:
+        found.error(
+            "duplicate_custom_id",
+            f"The custom_id {custom_id!r} is used by an earlier line.",
+            number,
+            "custom_id",
+        )
+    else:
+        seen.add(custom_id)
+    if line.get("method") != "POST":
+        found.error("invalid_method", "method must be POST.", number, "method")
+    if line.get("url") != endpoint:
+        found.error(
+            "invalid_url",
+            f"url must be the batch's endpoint, {endpoint}.",
+            number,
+            "url",
+        )
+    body = line.get("body")
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        found.error("missing_required_parameter", "body.model is required.", number, "body.model")
+        return
+    if found.model is None:
+        found.model = model
+    elif model != found.model:
+        found.error(
+            "mismatched_model",
+            f"Every line of a batch uses one model: this one asks for {model!r}, the first "
+            f"for {found.model!r}.",
+            number,
+            "body.model",
+        )
+    assert isinstance(body, dict)
+    most = body.get("max_completion_tokens", body.get("max_tokens", 0))
+    found.tokens += math.ceil(len(raw) / chars) + (most if isinstance(most, int) else 0)
+
+
+class BatchAPI:
+    """The routes' work, for one gateway."""
+
+    def __init__(
+        self,
+        settings: BatchApiSettings,
+        lines: LineBatchStore,
+        files: FileStore,
+        queue: JobQueue,
+        gatekeeper: Gatekeeper,
+        storage: Storage,
+        max_body_bytes: int,
+        chars_per_token: float,
+    ) -> None:
+        self._settings = settings
+        self._lines = lines
+        self._files = files
+        self._queue = queue
+        self._gatekeeper = gatekeeper
+        self._storage = storage
+        self._max_body = max_body_bytes
+        self._chars = chars_per_token
+        self._finalizer = Finalizer(lines, files, settings)
+
+    def _caller(self, request: Request) -> Caller:
+        return self._gatekeeper.authenticate(request.headers.get("authorization"))
+
+    async def create(self, request: Request) -> Response:
+        caller = self._caller(request)
+        try:
+            spec = OpenAIBatchCreate.model_validate(
+                parse_body(await read_body(request, self._max_body))
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise OpenAIError(400, f"{param}: {first['msg']}", param=param) from None
+        batch_id = new_batch_id()
+        headers = await self._gatekeeper.count_request(caller, batch_id)
+        active, enqueued_lines, enqueued_tokens = await self._storage(
+            self._lines.enqueued, caller.owner
+        )
+        s = self._settings
+        if active >= s.max_active_batches:
+            raise OpenAIError(
+                429,
+                f"This key has {active} unfinished batches, its limit "
+                f"(jobs.batch_api.max_active_batches); wait for one to end, or cancel one.",
+                code="too_many_batches",
+                type_="rate_limit_error",
+                headers={"retry-after": "60", **headers},
+            )
+        meta = await self._storage(self._files.get, caller.owner, spec.input_file_id)
+        if meta is None or meta.get("purpose") != "batch":
+            raise OpenAIError(
+                400,
+                f"No batch input file {spec.input_file_id!r} for this key (POST /v1/files "
+                "with purpose batch).",
+                param="input_file_id",
+                code="file_not_found",
+            )
+        checked = await self._check(caller, spec)
+        now = int(time.time())
+        batch: dict[str, Any] = {
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": spec.endpoint,
+            "model": checked.model,
+            "errors": None,
+            "input_file_id": spec.input_file_id,
+            "completion_window": spec.completion_window,
+            "status": "in_progress",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": now,
+            "expires_at": now + s.completion_window_seconds,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": checked.lines, "completed": 0, "failed": 0},
+            "metadata": spec.metadata,
+            "_chunks": len(checked.plan),
+        }
+        if not checked.errors:
+            if enqueued_lines + checked.lines > s.max_enqueued_requests:
+                checked.error(
+                    "request_limit_exceeded",
+                    f"This key's unfinished batches would hold {enqueued_lines + checked.lines} "
+                    f"requests, over its limit (jobs.batch_api.max_enqueued_requests: "
+                    f"{s.max_enqueued_requests}).",
+                    0,
+                )
+            elif enqueued_tokens + checked.tokens > s.max_enqueued_tokens:
+                checked.error(
+                    "token_limit_exceeded",
+                    f"Enqueued token limit reached: this key's unfinished batches would hold "
+                    f"about {enqueued_tokens + checked.tokens} tokens, over its limit "
+                    f"(jobs.batch_api.max_enqueued_tokens: {s.max_enqueued_tokens}).",
+                    0,
+                )
+        if checked.errors:
+            batch.update(
+                status="failed",
+                in_progress_at=None,
+                failed_at=now,
+                errors={"object": "list", "data": checked.errors},
+            )
+            await self._storage(self._lines.create, caller.owner, batch, [], 0)
+            return _json(public(batch), headers)
+        await self._storage(self._lines.create, caller.owner, batch, checked.plan, checked.tokens)
+        try:
+            await asyncio.to_thread(self._enqueue, caller.owner, batch, checked.plan)
+        except QueueUnavailable as exc:
+            await self._storage(self._lines.discard, caller.owner, batch_id)
+            raise OpenAIError(
+                503,
+                f"The job queue is unavailable ({exc}); no batch was made. Retry later.",
+                code="queue_unavailable",
+                type_="server_error",
+                headers={"retry-after": "5", **headers},
+            ) from exc
+        return _json(public(batch), headers)
+
+    async def _check(self, caller: Caller, spec: OpenAIBatchCreate) -> _Checked:
+        with tempfile.TemporaryDirectory(prefix="tiergate-batch-") as tmp:
+            path = Path(tmp) / "input"
+            if not await self._storage(
+                self._files.content_to, caller.owner, spec.input_file_id, path
+            ):
+                raise OpenAIError(
+                    400, "The input file's content is missing.", param="input_file_id"
+                )
+            s = self._settings
+            checked: _Checked = await asyncio.to_thread(
+                check_input, path, spec.endpoint, s.chunk_lines, self._chars
+            )
+        if checked.model is not None and not checked.errors:
+            try:
+                self._gatekeeper.check_model(caller, checked.model)
+            except OpenAIError as err:
+                checked.error("model_not_found", err.message, 1, "body.model")
+        return checked
+
+    def _enqueue(self, owner: str, batch: dict[str, Any], plan: list[list[int]]) -> None:
+        for index, (start, end, first_line, _) in enumerate(plan):
+            self._queue.send_chunk(
+                ChunkMessage(
+                    id=f"{batch['id']}/{index}",
+                    owner=owner,
+                    batch_id=batch["id"],
+                    chunk=index,
+                    input_file_id=batch["input_file_id"],
+                    endpoint=batch["endpoint"],
+                    start=start,
+                    end=end,
+                    first_line=first_line,
+                    expires_at=batch["expires_at"],
+                )
+            )
+
+    async def _current(self, caller: Caller, batch_id: str) -> dict[str, Any]:
+        if not _BATCH_ID.fullmatch(batch_id):
+            raise _not_found(batch_id)
+        batch = await self._storage(self._finalizer.current, caller.owner, batch_id)
+        if batch is None:
+            raise _not_found(batch_id)
+        return dict(batch)
+
+    async def retrieve(self, request: Request, batch_id: str) -> Response:
+        return _json(public(await self._current(self._caller(request), batch_id)))
+
+    async def cancel(self, request: Request, batch_id: str) -> Response:
+        """``cancelling`` (idempotent); final once its chunks in flight end."""
+        caller = self._caller(request)
+        for _ in range(5):
+            batch = await self._current(caller, batch_id)
+            if batch["status"] in FINAL or batch["status"] in ("cancelling", "finalizing"):
+                return _json(public(batch))
+            got = await self._storage(self._lines.get, caller.owner, batch_id)
+            if got is None:
+                raise _not_found(batch_id)
+            stored, etag = got
+            if stored["status"] != "in_progress":
+                continue
+            stored.update(status="cancelling", cancelling_at=int(time.time()))
+            if await self._storage(self._lines.update, caller.owner, stored, etag):
+                return _json(public(stored))
+        raise OpenAIError(409, "The batch is changing; retry.", code="conflict")
+
+    async def list(self, request: Request, after: str | None, limit: int) -> Response:
+        """Newest first, as OpenAI lists batches."""
+        caller = self._caller(request)
+        ids: list[str] = await self._storage(self._lines.ids, caller.owner)
+        ids.reverse()
+        if after is not None:
+            ids = [i for i in ids if i < after]
+        data = []
+        for batch_id in ids[:limit]:
+            batch = await self._storage(self._finalizer.current, caller.owner, batch_id)
+            if batch is not None:
+                data.append(public(batch))
+        return _json(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(ids) > limit,
+            }
+        )

@@ -1,0 +1,259 @@
+"""The worker's side of OpenAI batches: one chunk of a batch's lines, run through the
+gateway, answered once.
+
+Each line is sent to the gateway as the batch's owner (the workers' key, on behalf of the
+owner: the owner's models, tiers and limits apply) without its ``service_tier``, so it is
+served at the agent jobs' urgency: after every interactive request, on the same engines.
+The gateway's capacity answers (429, 503) and connection failures are retried with backoff
+for up to ``batch_api.line_patience_seconds``; any other answer is the line's answer: 2xx
+to the output file, the rest to the error file, as OpenAI writes them. Lines not begun when
+the batch is cancelled or expires are skipped (in neither file). The chunk's answers are
+written once (:meth:`LineBatchStore.put_chunk`); a chunk already answered is not run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import orjson
+
+from tiergate.jobs.lines.store import ChunkCounts, LineBatchStore
+from tiergate.jobs.state.files import FileStore
+from tiergate.jobs.state.store import StorageError
+from tiergate.jobsettings import BatchApiSettings
+from tiergate.protocol.openaibatch import FINAL, ChunkMessage
+
+log = logging.getLogger("tiergate.lines")
+
+_RETRIED = frozenset({429, 502, 503, 504})
+_STATUS_EVERY_SECONDS = 2.0
+
+
+def request_id_of(batch_id: str, line: int) -> str:
+    return "batch_req_" + hashlib.sha256(f"{batch_id}/{line}".encode()).hexdigest()[:32]
+
+
+def counts_of(body: bytes) -> ChunkCounts:
+    """A stored chunk's counts (the same for whoever reads it)."""
+    completed = failed = skipped = input_tokens = output_tokens = 0
+    for raw in body.splitlines():
+        entry = orjson.loads(raw)
+        kind = entry["t"]
+        if kind == "s":
+            skipped += 1
+            continue
+        if kind == "o":
+            completed += 1
+        else:
+            failed += 1
+        usage = ((entry["l"].get("response") or {}).get("body") or {}).get("usage") or {}
+        input_tokens += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
+        output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
+    return ChunkCounts(completed, failed, skipped, input_tokens, output_tokens)
+
+
+class ChunkRunner:
+    """Runs chunk records for one worker; :meth:`run` returns when the chunk is answered
+    (or was already), or raises when it should be tried again (storage down, stopping)."""
+
+    def __init__(
+        self,
+        settings: BatchApiSettings,
+        lines: LineBatchStore,
+        files: FileStore,
+        gateway_url: str,
+        key: Callable[[], str | None],
+        stopping: threading.Event,
+    ) -> None:
+        self._settings = settings
+        self._lines = lines
+        self._files = files
+        self._key = key
+        self._stopping = stopping
+        self._client = httpx.Client(
+            base_url=gateway_url.rstrip("/"),
+            timeout=httpx.Timeout(settings.line_timeout_seconds, connect=5.0),
+        )
+        self._pool = ThreadPoolExecutor(settings.line_concurrency, thread_name_prefix="batch-line")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    def run(self, msg: ChunkMessage, beat: Callable[[], None] = lambda: None) -> str:
+        """Answer chunk ``msg``; what happened (``answered``, ``already``, ``gone``)."""
+        done = self._lines.chunk(msg.owner, msg.batch_id, msg.chunk)
+        if done is not None:  # answered before (a redelivery): make sure it is counted
+            self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts_of(done))
+            return "already"
+        got = self._lines.get(msg.owner, msg.batch_id)
+        if got is None:
+            return "gone"  # its creation failed after the record was sent
+        raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
+        lines = [] if raw is None else [line for line in raw.splitlines() if line.strip()]
+        stop = _Stop(self, msg)
+        stop.seen(str(got[0]["status"]))
+        futures = [
+            self._pool.submit(self._line, msg, msg.first_line + i, line, stop)
+            for i, line in enumerate(lines)
+        ]
+        answers: list[dict[str, Any]] = []
+        for future in futures:
+            while True:
+                try:
+                    answers.append(future.result(timeout=1.0))
+                    break
+                except TimeoutError:
+                    beat()
+                    stop.check()
+        if self._stopping.is_set() and any(a["t"] == "s" and not stop.final for a in answers):
+            raise InterruptedError("the worker is stopping: the chunk runs again elsewhere")
+        self._write(msg, answers)
+        return "answered"
+
+    def fail(self, msg: ChunkMessage, code: str) -> None:
+        """Answer every line of chunk ``msg`` as an error (a chunk that cannot be run)."""
+        raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
+        lines = [] if raw is None else [line for line in raw.splitlines() if line.strip()]
+        answers = []
+        for i, line in enumerate(lines):
+            try:
+                custom_id = orjson.loads(line).get("custom_id")
+            except orjson.JSONDecodeError:
+                custom_id = None
+            answers.append(
+                {
+                    "t": "e",
+                    "l": {
+                        "id": request_id_of(msg.batch_id, msg.first_line + i),
+                        "custom_id": custom_id,
+                        "response": None,
+                        "error": {"code": code, "message": "The request could not be run."},
+                    },
+                }
+            )
+        self._write(msg, answers)
+
+    def _write(self, msg: ChunkMessage, answers: list[dict[str, Any]]) -> None:
+        """The chunk's answers, unless another run wrote them first (then theirs stand);
+        then its counts, from what was stored."""
+        body = b"\n".join(orjson.dumps(a) for a in answers)
+        if not self._lines.put_chunk(msg.owner, msg.batch_id, msg.chunk, body):
+            body = self._lines.chunk(msg.owner, msg.batch_id, msg.chunk) or body
+        self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts_of(body))
+
+    def _line(self, msg: ChunkMessage, number: int, raw: bytes, stop: _Stop) -> dict[str, Any]:
+        line = orjson.loads(raw)
+        custom_id = line.get("custom_id")
+        body = dict(line.get("body") or {})
+        body.pop("service_tier", None)  # a batch line is patient whatever it says
+        if body.get("stream"):
+            body["stream"] = False
+        deadline = min(time.time() + self._settings.line_patience_seconds, msg.expires_at)
+        delay = 1.0
+        while True:
+            if stop.check():
+                return {"t": "s", "n": number}
+            key = self._key()
+            headers = {"x-tiergate-on-behalf-of": msg.owner}
+            if key:
+                headers["authorization"] = f"Bearer {key}"
+            try:
+                resp = self._client.post(msg.endpoint, content=orjson.dumps(body), headers=headers)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}"
+                resp = None
+            if resp is not None and resp.status_code not in _RETRIED:
+                return self._answer(msg, number, custom_id, resp)
+            if resp is not None:
+                failure = f"HTTP {resp.status_code}"
+            if time.time() + delay > deadline:
+                return {
+                    "t": "e",
+                    "l": {
+                        "id": request_id_of(msg.batch_id, number),
+                        "custom_id": custom_id,
+                        "response": None if resp is None else _response(resp),
+                        "error": {
+                            "code": "request_failed",
+                            "message": f"The gateway did not take the request in time ({failure}).",
+                        },
+                    },
+                }
+            self._stopping.wait(delay)
+            delay = min(delay * 2, 30.0)
+
+    def _answer(
+        self, msg: ChunkMessage, number: int, custom_id: Any, resp: httpx.Response
+    ) -> dict[str, Any]:
+        ok = 200 <= resp.status_code < 300
+        return {
+            "t": "o" if ok else "e",
+            "l": {
+                "id": request_id_of(msg.batch_id, number),
+                "custom_id": custom_id,
+                "response": _response(resp),
+                "error": None,
+            },
+        }
+
+    def status(self, msg: ChunkMessage) -> str | None:
+        got = self._lines.get(msg.owner, msg.batch_id)
+        return None if got is None else str(got[0]["status"])
+
+
+def _response(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body: Any = resp.json()
+    except ValueError:
+        body = {"error": {"message": resp.text[:1000], "type": "server_error"}}
+    return {
+        "status_code": resp.status_code,
+        "request_id": resp.headers.get("x-request-id", ""),
+        "body": body,
+    }
+
+
+class _Stop:
+    """Whether the chunk's lines not begun should be skipped: the batch was cancelled or
+    expired (``final``), or the worker is stopping. The batch's status is read at most every
+    few seconds, by whichever line asks."""
+
+    def __init__(self, runner: ChunkRunner, msg: ChunkMessage) -> None:
+        self._runner = runner
+        self._msg = msg
+        self._lock = threading.Lock()
+        self._read_at = time.monotonic()
+        self.final = False
+
+    def seen(self, status: str | None) -> None:
+        if status is None or status == "cancelling" or status in FINAL:
+            self.final = True
+
+    def check(self) -> bool:
+        if self.final or self._runner.stopping:
+            return True
+        if time.time() >= self._msg.expires_at:
+            self.final = True
+            return True
+        with self._lock:
+            if time.monotonic() - self._read_at < _STATUS_EVERY_SECONDS:
+                return False
+            self._read_at = time.monotonic()
+        try:
+            status = self._runner.status(self._msg)
+        except StorageError:
+            return False
+        self.seen(status)
+        return self.final

@@ -1,0 +1,142 @@
+"""An OpenAI batch's objects, beside the jobs' (each key's under its own owner)::
+
+    batchapi/{owner}/{batch_id}/batch.json    the batch object (conditional writes)
+    batchapi/{owner}/{batch_id}/plan.json     its chunks: [start, end, first line, lines]
+    batchapi/{owner}/{batch_id}/chunks/{k}    chunk k's answers, written once (the fence)
+    batchapi/{owner}/{batch_id}/done/{k}-...  chunk k's counts, in the key's name
+    batchapi/{owner}/active/{batch_id}-{lines}-{tokens}   while the batch is not final
+
+A chunk's answers are written with ``If-None-Match: *``: however many workers ran it (a
+redelivery after a crash, a rebalance), the first write is the chunk's answer and every
+later one is dropped, so each input line has exactly one answer. The counts sit in a key's
+name so that one LIST gives a batch's progress and an owner's enqueued lines and tokens.
+Batch ids sort by creation time, as file ids do.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tiergate.jobs.state.store import JobStore
+
+
+def new_batch_id(now: float | None = None) -> str:
+    millis = int((time.time() if now is None else now) * 1000)
+    return f"batch_{millis:012x}{uuid.uuid4().hex[:20]}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCounts:
+    """What one chunk's answers hold: lines answered, failed, skipped (cancelled or
+    expired before they ran), and the tokens the gateway counted."""
+
+    completed: int
+    failed: int
+    skipped: int
+    input_tokens: int
+    output_tokens: int
+
+    def name(self, chunk: int) -> str:
+        return (
+            f"{chunk:06d}-{self.completed}-{self.failed}-{self.skipped}-"
+            f"{self.input_tokens}-{self.output_tokens}"
+        )
+
+    @classmethod
+    def parse(cls, name: str) -> tuple[int, ChunkCounts]:
+        chunk, *counts = (int(part) for part in name.split("-"))
+        return chunk, cls(*counts)
+
+
+class LineBatchStore:
+    def __init__(self, store: JobStore) -> None:
+        self.objects = store.objects
+        self._root = store.prefixed("batchapi/")
+
+    def _key(self, owner: str, batch_id: str, name: str) -> str:
+        return f"{self._root}{owner}/{batch_id}/{name}"
+
+    # -- the batch object ---------------------------------------------------------------
+
+    def create(self, owner: str, batch: dict[str, Any], plan: list[list[int]], tokens: int) -> None:
+        """The plan, the active marker, then the batch object (it exists from then on)."""
+        batch_id = str(batch["id"])
+        self.objects.put(self._key(owner, batch_id, "plan.json"), orjson.dumps(plan))
+        if batch["status"] not in ("failed",):
+            lines = int(batch["request_counts"]["total"])
+            self.objects.put(self._active_key(owner, batch_id, lines, tokens), b"")
+        self.objects.put_once(self._key(owner, batch_id, "batch.json"), orjson.dumps(batch))
+
+    def get(self, owner: str, batch_id: str) -> tuple[dict[str, Any], str] | None:
+        """The batch object and its ETag, or None."""
+        got = self.objects.get_tagged(self._key(owner, batch_id, "batch.json"))
+        if got is None:
+            return None
+        body, etag = got
+        batch: dict[str, Any] = orjson.loads(body)
+        return batch, etag
+
+    def update(self, owner: str, batch: dict[str, Any], etag: str) -> bool:
+        """Write ``batch`` if it still has ``etag``; False when another writer was first."""
+        key = self._key(owner, str(batch["id"]), "batch.json")
+        return self.objects.put_if(key, orjson.dumps(batch), etag)
+
+    def plan(self, owner: str, batch_id: str) -> list[list[int]]:
+        raw = self.objects.get(self._key(owner, batch_id, "plan.json"))
+        return [] if raw is None else list(orjson.loads(raw))
+
+    def discard(self, owner: str, batch_id: str) -> None:
+        """A batch whose chunks never reached the broker: as if it had not been made."""
+        self.objects.delete(self._key(owner, batch_id, "batch.json"))
+        for key in self.objects.keys(f"{self._root}{owner}/active/{batch_id}-"):
+            self.objects.delete(key)
+
+    def ids(self, owner: str) -> list[str]:
+        """The owner's batch ids, oldest first."""
+        root = f"{self._root}{owner}/"
+        return [
+            key.removeprefix(root).removesuffix("/batch.json")
+            for key in self.objects.keys(root)
+            if key.endswith("/batch.json")
+        ]
+
+    # -- the owner's enqueued work ------------------------------------------------------
+
+    def _active_key(self, owner: str, batch_id: str, lines: int, tokens: int) -> str:
+        return f"{self._root}{owner}/active/{batch_id}-{lines}-{tokens}"
+
+    def enqueued(self, owner: str) -> tuple[int, int, int]:
+        """(batches, lines, tokens) of the owner's batches not yet final."""
+        root = f"{self._root}{owner}/active/"
+        batches = lines = tokens = 0
+        for key in self.objects.keys(root):
+            _, count, estimate = key.removeprefix(root).rsplit("-", 2)
+            batches, lines, tokens = batches + 1, lines + int(count), tokens + int(estimate)
+        return batches, lines, tokens
+
+    def settle(self, owner: str, batch_id: str) -> None:
+        """The batch is final: it no longer counts as enqueued."""
+        for key in self.objects.keys(f"{self._root}{owner}/active/{batch_id}-"):
+            self.objects.delete(key)
+
+    # -- chunks -------------------------------------------------------------------------
+
+    def put_chunk(self, owner: str, batch_id: str, chunk: int, body: bytes) -> bool:
+        """Chunk ``chunk``'s answers, if none were written yet (the fence)."""
+        return self.objects.put_once(self._key(owner, batch_id, f"chunks/{chunk:06d}"), body)
+
+    def chunk(self, owner: str, batch_id: str, chunk: int) -> bytes | None:
+        return self.objects.get(self._key(owner, batch_id, f"chunks/{chunk:06d}"))
+
+    def mark_done(self, owner: str, batch_id: str, chunk: int, counts: ChunkCounts) -> None:
+        self.objects.put(self._key(owner, batch_id, f"done/{counts.name(chunk)}"), b"")
+
+    def progress(self, owner: str, batch_id: str) -> dict[int, ChunkCounts]:
+        """The counts of every chunk answered so far, by chunk (one LIST)."""
+        root = self._key(owner, batch_id, "done/")
+        return dict(ChunkCounts.parse(key.removeprefix(root)) for key in self.objects.keys(root))
