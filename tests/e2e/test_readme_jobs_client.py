@@ -1,4 +1,5 @@
-"""The README's ``tiergate jobs`` and ``JobsClient`` examples, verbatim, against the pieces
+"""The README's ``tiergate jobs`` and ``JobsClient`` examples and the manual's Batch API
+example, verbatim, against the pieces
 ``make up`` runs: the object store, the broker and a ``tiergate worker`` (``local_jobs``),
 the gateway and the real model on both tiers. The examples read ``TIERGATE_BASE_URL``
 (default http://127.0.0.1:8000, where ``make up`` serves); the test points it at its own
@@ -56,3 +57,12 @@ def test_the_readme_jobs_client_examples_run_on_the_local_stack(
             assert lines[0].split() == ["job.queued"] and "job.step" in python.stdout, lines
             final = lines[-1].split()
             assert final[0] in ENDED and final[-1].startswith("http"), lines  # the trajectory
+
+            # The manual's Batch API example (docs/files.md), as OpenAI's guide runs it: its
+            # lines answered by the real model through the local stack's worker.
+            batch = run_readme_block("batch-python", base, tmp_path)
+            assert batch.returncode == 0, batch.stderr
+            said = batch.stdout.splitlines()
+            assert said[0].startswith("completed ") and "completed=3" in said[0], said
+            answered = sorted(line.split()[0] for line in said if line.startswith("request-"))
+            assert answered == ["request-1", "request-2", "request-3"], said
