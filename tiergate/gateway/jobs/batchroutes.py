@@ -10,7 +10,7 @@ from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
-from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.enabled import enabled
 from tiergate.protocol.openaibatch import OpenAIBatchCreate
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
@@ -28,15 +28,7 @@ def add_batch_components(schema: dict[str, Any]) -> None:
 
 def register_batch_routes(app: FastAPI, batches_of: Callable[[Request], BatchAPI | None]) -> None:
     def api(request: Request) -> BatchAPI:
-        batches = batches_of(request)
-        if batches is None:
-            raise OpenAIError(
-                404,
-                "Batches run on the jobs pipeline, and jobs are not enabled on this gateway "
-                "(jobs.enabled).",
-                code="jobs_disabled",
-            )
-        return batches
+        return enabled(batches_of(request), "Batches run on the jobs pipeline. ")
 
     errors = openapi.error_responses("400", "401", "404", "429", "503")
 

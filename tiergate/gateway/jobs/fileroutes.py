@@ -10,7 +10,7 @@ from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
-from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.enabled import enabled
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
     from tiergate.gateway.jobs.files import FilesAPI
@@ -36,15 +36,7 @@ def register_file_routes(app: FastAPI, files_of: Callable[[Request], FilesAPI | 
     """The routes, reaching the app's files through ``files_of`` (the app's state)."""
 
     def api(request: Request) -> FilesAPI:
-        files = files_of(request)
-        if files is None:
-            raise OpenAIError(
-                404,
-                "Files are kept in the jobs' object storage, and jobs are not enabled on "
-                "this gateway (jobs.enabled).",
-                code="jobs_disabled",
-            )
-        return files
+        return enabled(files_of(request), "Files are kept in the jobs' object storage. ")
 
     errors = openapi.error_responses("400", "401", "404", "429", "503")
 

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from tiergate.gateway import openapi
-from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.enabled import enabled
 from tiergate.protocol import JobCreate
 from tiergate.protocol.batches import BatchCreate
 
@@ -38,20 +38,10 @@ def register_job_routes(
     ``batches_of`` (the app's state, which these routes stand below)."""
 
     def api(request: Request) -> JobsAPI:
-        jobs = jobs_of(request)
-        if jobs is None:
-            raise OpenAIError(
-                404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
-            )
-        return jobs
+        return enabled(jobs_of(request))
 
     def batches(request: Request) -> BatchesAPI:
-        batches = batches_of(request)
-        if batches is None:
-            raise OpenAIError(
-                404, "Jobs are not enabled on this gateway (jobs.enabled).", code="jobs_disabled"
-            )
-        return batches
+        return enabled(batches_of(request))
 
     errors = openapi.error_responses("400", "401", "403", "404", "429", "503")
 
