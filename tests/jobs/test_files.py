@@ -16,6 +16,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.readme_blocks import run_readme_block
+from tests.waiting import eventually
 
 
 def _lines(n: int) -> bytes:
@@ -119,3 +120,53 @@ def test_the_manuals_files_example_runs_as_written(
         gone = httpx.get(f"{stack.base}/v1/files/{file_id}")
         assert gone.status_code == 404
         assert gone.json()["error"]["code"] == "file_not_found"
+
+
+def test_a_key_sending_uploads_in_parallel_holds_at_most_its_share_of_the_gateway(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Each upload may spool twice its size to the gateway's disk: a key's parallel ones
+    are capped (jobs.max_concurrent_uploads_per_key), the slow one still completes."""
+    import threading
+
+    jobs = {"max_concurrent_uploads_per_key": 1}
+    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        release = threading.Event()
+        boundary = "tgboundary"
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"'
+            "\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+
+        def slow_body():  # type: ignore[no-untyped-def]
+            yield head + _lines(1)
+            release.wait(30)
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        first: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: first.append(
+                httpx.post(
+                    f"{stack.base}/v1/files",
+                    content=slow_body(),
+                    headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+                    timeout=60,
+                )
+            )
+        )
+        sender.start()
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+
+        def refused() -> bool:
+            try:
+                client.files.create(file=("b.jsonl", _lines(1)), purpose="batch")
+            except openai.RateLimitError as exc:
+                return exc.code == "too_many_concurrent_uploads"
+            return False
+
+        eventually(refused, 30, 0.2, "a second parallel upload of the key refused")
+        release.set()
+        sender.join()
+        assert first[0].status_code == 200, first[0].text
+        assert client.files.create(file=("c.jsonl", _lines(1)), purpose="batch").bytes > 0

@@ -35,7 +35,7 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.uploads import Storage
 from tiergate.jobs.state.files import FileStore, new_file_id
-from tiergate.jobsettings import FilesSettings
+from tiergate.jobsettings import JobsSettings
 
 PURPOSES = ("batch",)
 _FILE_ID = re.compile(r"file-[0-9a-f]{32}")
@@ -116,12 +116,17 @@ class FilesAPI:
     """Receives, lists, serves and deletes each key's files."""
 
     def __init__(
-        self, settings: FilesSettings, files: FileStore, gatekeeper: Gatekeeper, storage: Storage
+        self, jobs: JobsSettings, files: FileStore, gatekeeper: Gatekeeper, storage: Storage
     ) -> None:
-        self._settings = settings
+        self._jobs = jobs
+        self._settings = jobs.files
         self._files = files
         self._gatekeeper = gatekeeper
         self._storage = storage
+        # Uploads this replica is receiving, in all and per owner: each may spool up to
+        # twice max_file_bytes to the temporary directory (the form's part and the copy).
+        self._active = 0
+        self._by_owner: dict[str, int] = {}
 
     def _caller(self, request: Request) -> Caller:
         return self._gatekeeper.authenticate(request.headers.get("authorization"))
@@ -142,6 +147,45 @@ class FilesAPI:
         file_id = new_file_id()
         headers = await self._gatekeeper.count_request(caller, file_id)
         await self._check_quota(caller, 0, headers)
+        self._take_slot(caller, headers)
+        try:
+            return await self._receive(caller, request, limit, file_id, headers)
+        finally:
+            self._active -= 1
+            self._by_owner[caller.owner] -= 1
+            if not self._by_owner[caller.owner]:
+                del self._by_owner[caller.owner]
+
+    def _take_slot(self, caller: Caller, headers: dict[str, str]) -> None:
+        """At most ``jobs.max_concurrent_uploads`` uploads (workspaces' limit too) on this
+        replica (503), and ``jobs.max_concurrent_uploads_per_key`` of one key (429)."""
+        jobs = self._jobs
+        if self._active >= jobs.max_concurrent_uploads:
+            raise OpenAIError(
+                503,
+                f"This gateway is receiving {jobs.max_concurrent_uploads} uploads, its limit "
+                "(jobs.max_concurrent_uploads); retry shortly.",
+                code="upload_capacity",
+                type_="server_error",
+                headers={"retry-after": "2", **headers},
+            )
+        own = self._by_owner.get(caller.owner, 0)
+        if own >= jobs.max_concurrent_uploads_per_key:
+            raise OpenAIError(
+                429,
+                f"This key is sending {own} uploads to this gateway, its most at once "
+                f"(jobs.max_concurrent_uploads_per_key: {jobs.max_concurrent_uploads_per_key}).",
+                code="too_many_concurrent_uploads",
+                type_="rate_limit_error",
+                headers={"retry-after": "2", **headers},
+            )
+        self._active += 1
+        self._by_owner[caller.owner] = own + 1
+
+    async def _receive(
+        self, caller: Caller, request: Request, limit: int, file_id: str, headers: dict[str, str]
+    ) -> Response:
+        s = self._settings
         counted = Request(request.scope, _counting(request.receive, limit))
         async with counted.form(max_files=1, max_fields=8) as form:
             purpose = form.get("purpose")
