@@ -31,7 +31,13 @@ def model_prepare(
 def quant_build(
     source: Annotated[Path | None, typer.Option(help="Standard-tier checkpoint")] = None,
     scheme: Annotated[list[str], typer.Option(help="W8A8 and/or W4A16")] = ["W8A8", "W4A16"],  # noqa: B006
-    method: Annotated[str, typer.Option(help="rtn (no calibration) or gptq")] = "rtn",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="rtn (no calibration), gptq, or sq-gptq (W8A8: sensitive layers kept in "
+            "bf16, SmoothQuant, GPTQ)"
+        ),
+    ] = "rtn",
     group_size: Annotated[int, typer.Option(help="W4A16 group size (must divide widths)")] = 64,
     out: Annotated[Path | None, typer.Option(help="Folder for the checkpoints")] = None,
 ) -> None:

@@ -68,7 +68,7 @@ def calibration_texts(count: int) -> list[str]:
 
 def checkpoint_path(source: Path, out_root: Path, scheme: str, method: str = "rtn") -> Path:
     """Where :func:`build` puts the ``scheme``/``method`` copy of ``source``."""
-    return out_root / (f"{source.name}-{scheme}" + ("-gptq" if method == "gptq" else ""))
+    return out_root / (f"{source.name}-{scheme}" + ("" if method == "rtn" else f"-{method}"))
 
 
 def build(
@@ -107,7 +107,7 @@ def build(
         "--samples",
         str(samples),
     ]
-    if method == "gptq":
+    if method != "rtn":
         calibration = out_root / "calibration.jsonl"
         calibration.write_text(
             "".join(json.dumps({"text": t}) + "\n" for t in calibration_texts(samples))
@@ -127,6 +127,7 @@ def build(
         "group_size": report.get("group_size"),
         "calibration_samples": report.get("calibration_samples", 0),
         "lm_head": "unquantized",
+        "kept_bf16_layers": report.get("kept_bf16_layers", []),
         "format": "compressed-tensors",
         "tool_versions": report["versions"],
         "size_bytes": size_on_disk(tmp),

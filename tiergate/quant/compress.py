@@ -3,8 +3,13 @@ build`` with the quantization environment's Python: llm-compressor pins versions
 serving environment's vLLM cannot share, so nothing of tiergate is imported here and the
 serving environment never imports llm-compressor.
 
-    python compress.py --source DIR --out DIR --scheme W8A8|W4A16 [--method rtn|gptq]
+    python compress.py --source DIR --out DIR --scheme W8A8|W4A16 [--method rtn|gptq|sq-gptq]
         [--group-size 64] [--calibration FILE.jsonl] [--samples 64]
+
+Methods: ``rtn`` rounds to nearest (no calibration); ``gptq`` calibrates the weights;
+``sq-gptq`` (W8A8 only) is the calibrated INT8 of SmoothQuant's paper and vLLM's guide:
+decoder layers that W8A8 hurts most are measured and kept in bf16 (sensitivity.py),
+SmoothQuant migrates activation outliers into the weights (strength 0.8), then GPTQ.
 
 Prints one JSON line on success: the tool versions and what was done.
 """
@@ -43,12 +48,38 @@ def _group_size(model: Any, wanted: int) -> int:
     raise SystemExit(f"no group size divides the layer widths {sorted(widths)}")
 
 
+def _sensitive_layers(
+    source: str, tokenizer: Any, texts: list[str]
+) -> tuple[list[int], list[float]]:
+    """The decoder layers to keep in bf16, measured (sensitivity.py), and every layer's KL."""
+    import torch
+    from sensitivity import choose_kept, layer_sensitivity  # type: ignore[import-not-found]
+    from transformers import AutoModelForCausalLM
+
+    _say("measuring each decoder layer's sensitivity to W8A8 (float32, simulated)")
+    exact = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    batches = [
+        tokenizer(text, return_tensors="pt", truncation=True, max_length=256).input_ids
+        for text in texts[:2]
+    ]
+    scores = layer_sensitivity(exact, batches, _say)
+    kept = choose_kept(scores)
+    worst = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:5]
+    _say(
+        "most sensitive layers (KL): "
+        + ", ".join(f"{i}: {scores[i]:.5f}" for i in worst)
+        + f"; kept in bf16: {kept or 'none'}"
+    )
+    del exact
+    return kept, scores
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--scheme", choices=["W8A8", "W4A16"], required=True)
-    parser.add_argument("--method", choices=["rtn", "gptq"], default="rtn")
+    parser.add_argument("--method", choices=["rtn", "gptq", "sq-gptq"], default="rtn")
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--samples", type=int, default=64)
@@ -89,7 +120,11 @@ def main() -> None:
             }
         }
     kwargs: dict[str, Any] = {}
-    if args.method == "gptq":
+    kept: list[int] = []
+    scores: list[float] = []
+    if args.method == "sq-gptq" and args.scheme != "W8A8":
+        raise SystemExit("sq-gptq smooths activations for INT8: it is a W8A8 method")
+    if args.method in ("gptq", "sq-gptq"):
         if not args.calibration:
             raise SystemExit("GPTQ needs calibration data (--calibration FILE.jsonl)")
         from datasets import Dataset
@@ -105,6 +140,12 @@ def main() -> None:
         )
         kwargs = {"dataset": dataset, "num_calibration_samples": len(texts), "max_seq_length": 512}
         recipe: Any = GPTQModifier(**common)
+        if args.method == "sq-gptq":
+            kept, scores = _sensitive_layers(args.source, tokenizer, texts)
+            common["ignore"] += [f"re:model[.]layers[.]{i}[.].*" for i in kept]
+            from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+            recipe = [SmoothQuantModifier(smoothing_strength=0.8), GPTQModifier(**common)]
     else:
         recipe = QuantizationModifier(**common)
     _say(
@@ -121,6 +162,8 @@ def main() -> None:
                 "method": args.method,
                 "group_size": group,
                 "calibration_samples": kwargs.get("num_calibration_samples", 0),
+                "kept_bf16_layers": kept,
+                "layer_kl": [round(score, 6) for score in scores],
                 "seconds": round(time.monotonic() - started, 1),
                 "versions": {
                     "llmcompressor": llmcompressor.__version__,
