@@ -59,10 +59,14 @@ def test_the_tier_benchmark_measures_a_plain_vllm_in_the_same_turns(
         result = bench_tiers(
             base, MODEL, [], [1, 2], 2, 8, rounds=3, plain=fakes[1].url, gpu="none"
         )
-    assert list(result["tiers"]) == ["standard", "fast", PLAIN]
-    assert set(result["vs_plain"]) == {"1", "2"}
-    assert set(result["vs_plain"]["2"]) == {"standard", "fast"}
+    # Both workloads by default: natural answers and agent-job-like repetitive ones.
+    assert list(result["workloads"]) == ["natural", "repetitive"]
+    for measured in result["workloads"].values():
+        assert list(measured["tiers"]) == ["standard", "fast", PLAIN]
+        assert set(measured["vs_plain"]) == {"1", "2"}
+        assert set(measured["vs_plain"]["2"]) == {"standard", "fast"}
     # Each turn measured every target: the plain server was asked directly.
     assert fakes[1].record.requests == fakes[0].record.requests == fakes[2].record.requests > 0
     markdown = render_tiers(result, "tiergate bench tiers --plain-vllm URL")
     assert "plain `vllm serve`" in markdown and "| plain vllm | 2 |" in markdown
+    assert "## natural answers" in markdown and "## repetitive answers" in markdown

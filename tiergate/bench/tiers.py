@@ -19,7 +19,7 @@ import httpx
 
 from tiergate.measure.fingerprint import hardware_fingerprint
 from tiergate.measure.stream import Sample, run_level
-from tiergate.speculative.measure import acceptance_between, spec_counters
+from tiergate.speculative.measure import WORKLOADS, acceptance_between, spec_counters
 
 
 def _say(message: str) -> None:
@@ -66,6 +66,25 @@ def _fast_recipe(gateway: str) -> str:
 PLAIN = "plain vllm"
 
 
+def _tuner_figures(gateway: str) -> list[dict[str, Any]]:
+    """The tuner's candidates as the gateway publishes them (``/v1/tiers``): each recipe's
+    status, speedups and parity verdict, measured engine to engine at tuning time."""
+    try:
+        tiers = httpx.get(f"{gateway.rstrip('/')}/v1/tiers", timeout=10).json()["data"]
+        decision = next(t for t in tiers if t["tier"] == "fast").get("decision") or {}
+    except (httpx.HTTPError, KeyError, StopIteration, ValueError):
+        return []
+    return [
+        {
+            "recipe": c["recipe"]["name"],
+            "status": c["status"],
+            "speedup": c.get("speedup", {}),
+            "parity": None if c.get("parity") is None else c["parity"].get("passed"),
+        }
+        for c in decision.get("candidates", [])
+    ]
+
+
 def bench_tiers(
     gateway: str,
     model: str,
@@ -77,12 +96,15 @@ def bench_tiers(
     plain: str | None = None,
     *,
     gpu: str,
+    workloads: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Both tiers at each level, interleaved: ``rounds`` batches per tier in turn (the
-    order rotating), so that a slow minute of this shared machine does not land on one tier
-    only. ``plain``: the URL of a plain ``vllm serve`` of the same model, measured directly
-    in the same turns, and each tier's speed as a ratio of its. ``gpu``: settings'
-    ``gpu_name``, for the report's hardware fingerprint."""
+    """Both tiers at each level, for each workload (``WORKLOADS``: natural answers and
+    agent-job-like ones that repeat their context), interleaved: ``rounds`` batches per tier
+    in turn (the order rotating), so that a slow minute of this shared machine does not land
+    on one tier only. ``plain``: the URL of a plain ``vllm serve`` of the same model,
+    measured directly in the same turns, and each tier's speed as a ratio of its. ``gpu``:
+    settings' ``gpu_name``, for the report's hardware fingerprint. The tuner's own figures
+    (engine to engine, at tuning time) are kept beside, from ``/v1/tiers``."""
     url = f"{gateway.rstrip('/')}/v1/chat/completions"
     targets: list[tuple[str, str, str | None]] = [
         ("standard", url, "default"),
@@ -90,16 +112,36 @@ def bench_tiers(
     ]
     if plain is not None:
         targets.append((PLAIN, f"{plain.rstrip('/')}/v1/chat/completions", None))
-    tiers = [(name, word) for name, _, word in targets]
-    urls = {name: target for name, target, _ in targets}
     results: dict[str, Any] = {
         "hardware": hardware_fingerprint(gpu),
         "fast_recipe": _fast_recipe(gateway),
         "levels": levels,
         "max_tokens": max_tokens,
         "rounds": rounds,
-        "tiers": {tier: {} for tier, _ in tiers},
+        "tuner": _tuner_figures(gateway),
+        "workloads": {},
     }
+    for workload in workloads or list(WORKLOADS):
+        results["workloads"][workload] = _workload(
+            targets, model, fast_engines, levels, requests, max_tokens, rounds, workload
+        )
+    return results
+
+
+def _workload(
+    targets: list[tuple[str, str, str | None]],
+    model: str,
+    fast_engines: list[str],
+    levels: list[int],
+    requests: int,
+    max_tokens: int,
+    rounds: int,
+    workload: str,
+) -> dict[str, Any]:
+    prompts = WORKLOADS[workload]
+    tiers = [(name, word) for name, _, word in targets]
+    urls = {name: target for name, target, _ in targets}
+    results: dict[str, Any] = {"tiers": {tier: {} for tier, _ in tiers}}
     accepted = dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), 0.0)
     for level in levels:
         per_round = max(requests, level) // rounds or 1
@@ -107,12 +149,14 @@ def bench_tiers(
         for round_ in range(rounds):
             for tier, word in tiers[round_ % len(tiers) :] + tiers[: round_ % len(tiers)]:
                 _say(
-                    f"{tier}: concurrency {level}, round {round_ + 1}/{rounds}, "
+                    f"{workload}: {tier}: concurrency {level}, round {round_ + 1}/{rounds}, "
                     f"{max(per_round, level)} requests"
                 )
                 before = _scrape(fast_engines) if tier == "fast" and fast_engines else None
                 samples, wall = asyncio.run(
-                    run_level(urls[tier], model, word, level, max(per_round, level), max_tokens)
+                    run_level(
+                        urls[tier], model, word, level, max(per_round, level), max_tokens, prompts
+                    )
                 )
                 if before is not None:
                     after = _scrape(fast_engines)
@@ -132,7 +176,7 @@ def bench_tiers(
         }
         for level in levels
     }
-    if plain is not None:
+    if PLAIN in urls:
         # Output speed against the plain server's: its median TPOT over the tier's.
         results["vs_plain"] = {
             str(level): {
@@ -155,11 +199,38 @@ def render_tiers(r: dict[str, Any], command: str) -> str:
         f"({r.get('hardware', {}).get('cores', '?')} cores; "
         f"ISA {r.get('hardware', {}).get('isa', '?')}). Fast tier: {r.get('fast_recipe', '?')}.",
         "",
+        "Through the gateway, as a caller sees it: `service_tier` `default` (standard) and "
+        "`priority` (fast), greedy, streamed, every ratio from the same run.",
+    ]
+    for workload, w in r["workloads"].items():
+        rows += ["", f"## {workload} answers", "", *_workload_rows(w)]
+    if r.get("tuner"):
+        levels = sorted({lv for c in r["tuner"] for lv in c["speedup"]}, key=int)
+        rows += [
+            "",
+            "## The tuner's figures (engine to engine, natural answers, at tuning time)",
+            "",
+            "| recipe | status | "
+            + " | ".join(f"fast/standard TPOT at c={lv}" for lv in levels)
+            + " | parity |",
+            "|---|---|" + "---|" * len(levels) + "---|",
+        ]
+        for c in r["tuner"]:
+            speeds = " | ".join(
+                f"{c['speedup'][lv]:.2f}x" if lv in c["speedup"] else "-" for lv in levels
+            )
+            parity = {True: "passed", False: "failed", None: "not judged"}[c["parity"]]
+            rows.append(f"| {c['recipe']} | {c['status']} | {speeds} | {parity} |")
+    return "\n".join([*rows, ""])
+
+
+def _workload_rows(w: dict[str, Any]) -> list[str]:
+    rows = [
         "| tier | concurrency | per-request tokens/s (p50) | aggregate tokens/s | TTFT p50 / p99 "
         "(ms) | TPOT p50 / p99 (ms) |",
         "|---|---|---|---|---|---|",
     ]
-    for tier, levels in r["tiers"].items():
+    for tier, levels in w["tiers"].items():
         for level, s in levels.items():
             rows.append(
                 f"| {tier} | {level} | {s['per_request_tokens_per_s_p50']:.1f} | "
@@ -173,29 +244,29 @@ def render_tiers(r: dict[str, Any], command: str) -> str:
         "fast/standard aggregate tokens/s |",
         "|---|---|---|",
     ]
-    for level, ratio in r["ratios"].items():
+    for level, ratio in w["ratios"].items():
         rows.append(
             f"| {level} | {1 / ratio['tpot_p50_ms']:.2f}x | "
             f"{ratio['aggregate_tokens_per_s']:.2f}x |"
         )
-    if "vs_plain" in r:
+    if "vs_plain" in w:
         rows += [
             "",
             "| concurrency | standard tier / plain `vllm serve` (output speed) | "
             "fast tier / plain `vllm serve` |",
             "|---|---|---|",
         ]
-        for level, ratio in r["vs_plain"].items():
+        for level, ratio in w["vs_plain"].items():
             rows.append(f"| {level} | {ratio['standard']:.2f}x | {ratio['fast']:.2f}x |")
-    if "acceptance" in r:
-        a = r["acceptance"]
+    if "acceptance" in w:
+        a = w["acceptance"]
         rows += [
             "",
             f"Fast tier speculation: acceptance rate {a['acceptance_rate']:.3f}, "
             f"mean acceptance length {a['mean_acceptance_length']:.2f} "
             f"({int(a['draft_tokens'])} draft tokens).",
         ]
-    return "\n".join([*rows, ""])
+    return rows
 
 
 def chart(r: dict[str, Any], path: Path) -> None:
@@ -205,19 +276,18 @@ def chart(r: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     levels = [str(x) for x in r["levels"]]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in (
-        (axes[0], "per_request_tokens_per_s_p50", "per-request tokens/s"),
-        (axes[1], "aggregate_tokens_per_s", "aggregate tokens/s"),
-    ):
-        names = list(r["tiers"])
+    workloads = list(r["workloads"])
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        tiers = r["workloads"][workload]["tiers"]
+        names = list(tiers)
         width = 0.8 / len(names)
         for n, tier in enumerate(names):
-            values = [r["tiers"][tier][lv][key] for lv in levels]
+            values = [tiers[tier][lv]["per_request_tokens_per_s_p50"] for lv in levels]
             offset = (n - (len(names) - 1) / 2) * width
             ax.bar([i + offset for i in range(len(levels))], values, width=width, label=tier)
         ax.set_xticks(range(len(levels)), [f"c={lv}" for lv in levels])
-        ax.set_title(title)
+        ax.set_title(f"{workload}: per-request tokens/s")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -69,6 +69,10 @@ def bench_tiers_cmd(
     requests: Annotated[int, typer.Option(help="Requests per level (at least the level)")] = 8,
     max_tokens: Annotated[int, typer.Option(help="Output tokens per request")] = 128,
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    workload: Annotated[
+        list[str],
+        typer.Option(help="natural (ordinary answers) and/or repetitive (agent-job-like edits)"),
+    ] = ["natural", "repetitive"],  # noqa: B006
     plain_vllm: Annotated[
         str | None,
         typer.Option(
@@ -84,6 +88,7 @@ def bench_tiers_cmd(
     from tiergate.bench.report import write_report
     from tiergate.bench.tiers import bench_tiers, chart, render_tiers
     from tiergate.engine.process import healthy
+    from tiergate.speculative.measure import WORKLOADS
     from tiergate.tuning.layout import serves_one, stored_layout
 
     settings = settings_or_exit()
@@ -107,11 +112,23 @@ def bench_tiers_cmd(
                     lambda m: typer.echo(f"[bench tiers] {m}", err=True),
                 )
             )
+        unknown = sorted(set(workload) - set(WORKLOADS))
+        if unknown:
+            raise typer.BadParameter(f"unknown workload {unknown}: choose from {list(WORKLOADS)}")
         result = bench_tiers(
-            gateway, model, fast, levels, requests, max_tokens, plain=plain, gpu=settings.gpu_name
+            gateway,
+            model,
+            fast,
+            levels,
+            requests,
+            max_tokens,
+            plain=plain,
+            gpu=settings.gpu_name,
+            workloads=workload,
         )
     command = "tiergate bench tiers " + " ".join(f"--levels {lv}" for lv in levels)
     command += f" --requests {requests} --max-tokens {max_tokens}"
+    command += "".join(f" --workload {w}" for w in workload)
     if plain_vllm is not None:
         command += f" --plain-vllm {plain_vllm}"
     write_report(out, "tiers-bench", result, render_tiers(result, command))

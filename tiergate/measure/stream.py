@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,14 +85,21 @@ async def timed(
 
 
 async def run_level(
-    url: str, model: str, tier: str | None, concurrency: int, requests: int, max_tokens: int
+    url: str,
+    model: str,
+    tier: str | None,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    prompts: Sequence[str] = PROMPTS,
 ) -> tuple[list[Sample], float]:
-    """``requests`` streamed chat completions, ``concurrency`` at a time."""
+    """``requests`` streamed chat completions, ``concurrency`` at a time, over ``prompts``
+    in turn."""
     semaphore = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def bounded(i: int) -> Sample:
-            body = chat_body(model, PROMPTS[i % len(PROMPTS)], max_tokens, tier)
+            body = chat_body(model, prompts[i % len(prompts)], max_tokens, tier)
             async with semaphore:
                 return await timed(client, url, body)
 

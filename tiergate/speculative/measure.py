@@ -35,6 +35,42 @@ PROMPTS = [
 ]
 
 
+_MODULE = """import csv
+from pathlib import Path
+
+
+def parse_line(line: str) -> dict[str, str]:
+    name, email, team = (part.strip() for part in line.split(","))
+    return {"name": name, "email": email.lower(), "team": team}
+
+
+def load(path: Path) -> list[dict[str, str]]:
+    rows = []
+    for line in path.read_text().splitlines()[1:]:
+        if line.strip():
+            rows.append(parse_line(line))
+    return rows
+"""
+
+# Agent-job-like answers: what an agent mostly writes back is its context, changed a little
+# (a file edited and printed again, a command repeated with another flag, a config with one
+# value changed). That is where prompt-lookup drafting earns most.
+REPETITIVE_PROMPTS = [
+    f"Here is a Python module:\n```python\n{_MODULE}```\nRename the function parse_line "
+    "to parse_record everywhere and print the whole module again, in one code block.",
+    f"Here is a Python module:\n```python\n{_MODULE}```\nAdd type hints where they are "
+    "missing and print the whole module again, in one code block.",
+    "Here is a shell session:\n$ ls -la /srv/app\n$ grep -rn TODO /srv/app/src\n"
+    "$ python -m pytest -q tests/unit\n$ git status --short\nRepeat every command of the "
+    "session, one per line, each with --verbose added at its end.",
+    'Here is a JSON config:\n{"service": "ingest", "retries": 3, "timeout_seconds": 30, '
+    '"queues": ["alpha", "beta", "gamma"], "log_level": "info"}\nReturn the same JSON with '
+    "retries set to 5 and nothing else changed.",
+]
+
+WORKLOADS = {"natural": PROMPTS, "repetitive": REPETITIVE_PROMPTS}
+
+
 def spec_counters(metrics_text: str) -> dict[str, float]:
     """Sum the speculative-decoding counters over every label set."""
     wanted = "\n".join(
