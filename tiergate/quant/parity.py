@@ -40,6 +40,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from tiergate.engine.gate import REPORT, has_passing_report
+from tiergate.quant.power import task_power
 from tiergate.quant.tasks import TASKS, Task, code_of
 
 __all__ = [
@@ -366,6 +367,12 @@ def _judge(
             "discordant": sum(1 for r in rows if r["standard"] != r["fast"]),
             "rows": rows,
         },
+        "task_power": task_power(
+            sum(1 for r in rows if r["standard"] != r["fast"]),
+            len(rows),
+            th.task_margin,
+            th.confidence,
+        ),
         "thresholds": th.model_dump(),
         "checks": checks,
         "passed": all(checks.values()),
@@ -431,6 +438,17 @@ def render(report: dict[str, Any], title: str) -> str:
         if r["standard"] != r["fast"]
     ]
     lines.append(f"\n({t['total'] - t['discordant']} tasks where both tiers agree are not listed.)")
+    power = report.get("task_power")
+    if power:
+        enough = power["power_if_no_loss"] >= power["target_power"]
+        lines.append(
+            f"\nThe task check's power at this discordance ({power['discordant_share']:.3f}, "
+            f"tiergate/quant/power.py): a recipe that loses nothing passes with probability "
+            f"{power['power_if_no_loss']:.2f}, one that loses {th['task_margin']:.2f} with "
+            f"{power['pass_chance_if_margin_loss']:.2f}; {power['tasks_needed']} tasks give "
+            f"{power['target_power']:.2f} power"
+            + ("." if enough else f": **underpowered** with {t['total']}.")
+        )
     return "\n".join([*lines, ""])
 
 
