@@ -28,3 +28,23 @@ def test_ngram_renders_for_vllm() -> None:
 def test_wrong_combinations_are_named(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ADAPTER.validate_python(raw)
+
+
+def test_a_batch_size_schedule_renders_for_vllm_and_bad_ones_are_named() -> None:
+    cfg = ADAPTER.validate_python(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 1024, 0]],
+        }
+    )
+    assert '"num_speculative_tokens_per_batch_size":[[1,1,3],[2,1024,0]]' in to_vllm_json(cfg)
+    for schedule in ([[2, 8, 3]], [[1, 1, 4]], [[1, 4, 3], [0, 2, 1]], [[1, 0, 3]], []):
+        with pytest.raises(ValidationError, match="num_speculative_tokens_per_batch_size"):
+            ADAPTER.validate_python(
+                {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "num_speculative_tokens_per_batch_size": schedule,
+                }
+            )

@@ -24,6 +24,12 @@ class NgramConfig(_Method):
     method: Literal["ngram"] = "ngram"
     prompt_lookup_max: int = Field(4, ge=1)
     prompt_lookup_min: int = Field(2, ge=1)
+    # vLLM's dynamic speculative decoding: (first batch size, last batch size, tokens to
+    # draft) ranges, the first starting at 1. On a CPU, verifying drafts for a batch of
+    # several sequences costs more than the drafts save: [[1, 1, 3], [2, 1024, 0]] drafts
+    # for a lone sequence only (the INT8 recipe's ngram gain at concurrency 1 without its
+    # loss at 4).
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     @model_validator(mode="after")
     def _window(self) -> NgramConfig:
@@ -32,6 +38,20 @@ class NgramConfig(_Method):
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is not None:
+            starts = [first for first, _, _ in schedule]
+            if not schedule or starts[0] != 1 or starts != sorted(starts):
+                raise ValueError(
+                    "num_speculative_tokens_per_batch_size: ranges in order, the first from "
+                    "batch size 1"
+                )
+            for first, last, tokens in schedule:
+                if not 1 <= first <= last or not 0 <= tokens <= self.num_speculative_tokens:
+                    raise ValueError(
+                        f"num_speculative_tokens_per_batch_size: ({first}, {last}, {tokens}) "
+                        "needs 1 <= first <= last and 0 <= tokens <= num_speculative_tokens"
+                    )
         return self
 
 
