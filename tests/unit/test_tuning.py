@@ -237,3 +237,17 @@ def test_a_candidate_whose_kernel_this_processor_lacks_is_not_built(
             assert "cpu_gemm_wna16" in notes[name] and "not built" in notes[name]
         else:
             assert "tuning budget" in notes[name]
+
+
+def test_speedups_within_the_noise_band_go_to_the_simpler_recipe() -> None:
+    # INT8 + ngram 1.26x and INT8 alone 1.46x in one tuning, 1.59x and 1.53x in another:
+    # within 10% the recipe without speculation is chosen both times; beyond it, the
+    # faster one.
+    for ngram_speed, alone_speed in ((1.26, 1.46), (1.59, 1.53), (1.60, 1.46)):
+        results = [
+            _result(INT8_NGRAM, ngram_speed, 1.2, passed=True),
+            _result(INT8, alone_speed, 1.3, passed=True),
+        ]
+        assert choose(results, 1.1, 1.0).recipe == INT8
+    results = [_result(INT8_NGRAM, 1.75, 1.2, passed=True), _result(INT8, 1.46, 1.3, passed=True)]
+    assert choose(results, 1.1, 1.0).recipe == INT8_NGRAM
