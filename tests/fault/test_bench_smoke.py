@@ -70,3 +70,37 @@ def test_the_tier_benchmark_measures_a_plain_vllm_in_the_same_turns(
     markdown = render_tiers(result, "tiergate bench tiers --plain-vllm URL")
     assert "plain `vllm serve`" in markdown and "| plain vllm | 2 |" in markdown
     assert "## natural answers" in markdown and "## repetitive answers" in markdown
+
+
+def test_the_tier_benchmark_reports_the_tuners_candidates_beside_its_own(tmp_path: Path) -> None:
+    # The body GET /v1/tiers gives when the tuner published a decision.
+    from tiergate.bench.tiers import tuner_figures
+    from tiergate.evidence import CandidateResult, TierDecision
+    from tiergate.gateway.tierinfo import TierEvidence
+    from tiergate.settings import Recipe
+
+    chosen = Recipe(name="W8A8-sq-gptq", quantize="W8A8", method="sq-gptq")
+    decision = TierDecision(
+        fingerprint={"cpu": "test"},
+        fingerprint_digest="d",
+        inputs_digest="i",
+        decided_at=0.0,
+        seconds=1.0,
+        engine_mode="compiled",
+        chosen=chosen,
+        verdict="faster",
+        reason="r",
+        speedup={"1": 1.6},
+        candidates=[
+            CandidateResult(recipe=chosen, status="chosen", speedup={"1": 1.6, "4": 1.35}),
+            CandidateResult(recipe=Recipe(name="bf16 + ngram"), status="too slow"),
+        ],
+    )
+    decision.save(tmp_path / "decision.json")
+    body = TierEvidence(str(tmp_path / "decision.json")).describe()
+    figures = tuner_figures(body)
+    assert [f["recipe"] for f in figures] == ["W8A8-sq-gptq", "bf16 + ngram"]
+    assert figures[0]["speedup"] == {"1": 1.6, "4": 1.35} and figures[0]["status"] == "chosen"
+    result = {"hardware": {}, "workloads": {}, "tuner": figures}
+    markdown = render_tiers(result, "tiergate bench tiers")
+    assert "| W8A8-sq-gptq | chosen | 1.60x | 1.35x | not judged |" in markdown

@@ -67,13 +67,18 @@ PLAIN = "plain vllm"
 
 
 def _tuner_figures(gateway: str) -> list[dict[str, Any]]:
-    """The tuner's candidates as the gateway publishes them (``/v1/tiers``): each recipe's
-    status, speedups and parity verdict, measured engine to engine at tuning time."""
+    """The tuner's candidates as the gateway publishes them (``/v1/tiers``)."""
     try:
-        tiers = httpx.get(f"{gateway.rstrip('/')}/v1/tiers", timeout=10).json()["data"]
-        decision = next(t for t in tiers if t["tier"] == "fast").get("decision") or {}
-    except (httpx.HTTPError, KeyError, StopIteration, ValueError):
+        body = httpx.get(f"{gateway.rstrip('/')}/v1/tiers", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
         return []
+    return tuner_figures(body)
+
+
+def tuner_figures(tiers_body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each candidate of the decision in a ``GET /v1/tiers`` body: its status, speedups and
+    parity verdict, measured engine to engine at tuning time ([] without a decision)."""
+    decision = tiers_body.get("decision") or {}
     return [
         {
             "recipe": c["recipe"]["name"],
