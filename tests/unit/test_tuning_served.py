@@ -150,3 +150,21 @@ def test_a_starting_engines_stage_is_read_from_its_own_start_in_the_log(tmp_path
         f.write("INFO [backbone] Directly load AOT compilation from path /x\n")
     assert engine_stage(log) == "loaded the compile cache"
     assert engine_stage(tmp_path / "missing.log") is None
+
+
+def test_every_recipe_that_passed_parity_is_measured_as_served_before_the_choice() -> None:
+    # Screened eager, INT8 alone led (1.56x against 1.40x); compiled, INT8 with ngram
+    # serves faster. Both passed parity, so both are measured as served, and the choice
+    # rests on the served figures, not on the screening's order.
+    results = [_screened(NGRAM, 1.40, 1.26), _screened(INT8, 1.56, 1.35)]
+    fake = FakeAsServed(
+        load_settings(), {"W8A8": {"1": 1.61, "4": 1.35}, "bf16 + ngram": {"1": 2.2, "4": 1.27}}
+    )
+    confirmed = fake.confirm(results, _choose)
+    assert fake.measured == ["bf16 + ngram", "W8A8"]
+    assert _choose(confirmed).recipe == NGRAM
+    # A recipe not judged (or failed) is not started again.
+    unjudged = CandidateResult(recipe=INT8, status="too slow", speedup={"1": 1.5, "4": 1.2})
+    fake = FakeAsServed(load_settings(), {"bf16 + ngram": {"1": 1.3, "4": 1.1}})
+    fake.confirm([_screened(NGRAM, 1.4, 1.2), unjudged], _choose)
+    assert fake.measured == ["bf16 + ngram"]
