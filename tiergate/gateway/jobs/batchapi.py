@@ -35,10 +35,10 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.uploads import Storage
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.lines.finalize import Finalizer, public
-from tiergate.jobs.lines.store import LineBatchStore, new_batch_id
+from tiergate.jobs.lines.store import LineBatchStore, chunk_message, new_batch_id
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobsettings import BatchApiSettings
-from tiergate.protocol.openaibatch import FINAL, ChunkMessage, OpenAIBatchCreate
+from tiergate.protocol.openaibatch import FINAL, OpenAIBatchCreate
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 
 _BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
@@ -297,21 +297,8 @@ class BatchAPI:
         return checked
 
     def _enqueue(self, owner: str, batch: dict[str, Any], plan: list[list[int]]) -> None:
-        for index, (start, end, first_line, _) in enumerate(plan):
-            self._queue.send_chunk(
-                ChunkMessage(
-                    id=f"{batch['id']}/{index}",
-                    owner=owner,
-                    batch_id=batch["id"],
-                    chunk=index,
-                    input_file_id=batch["input_file_id"],
-                    endpoint=batch["endpoint"],
-                    start=start,
-                    end=end,
-                    first_line=first_line,
-                    expires_at=batch["expires_at"],
-                )
-            )
+        for index in range(len(plan)):
+            self._queue.send_chunk(chunk_message(owner, batch, plan, index))
 
     async def _current(self, caller: Caller, batch_id: str) -> dict[str, Any]:
         if not _BATCH_ID.fullmatch(batch_id):

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tiergate.jobs.lines.metrics import LineMetrics
 from tiergate.jobs.lines.store import ChunkCounts, LineBatchStore
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import StorageError
@@ -71,8 +72,10 @@ class ChunkRunner:
         gateway_url: str,
         key: Callable[[], str | None],
         stopping: threading.Event,
+        metrics: LineMetrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics
         self._lines = lines
         self._files = files
         self._key = key
@@ -93,6 +96,15 @@ class ChunkRunner:
 
     def run(self, msg: ChunkMessage, beat: Callable[[], None] = lambda: None) -> str:
         """Answer chunk ``msg``; what happened (``answered``, ``already``, ``gone``)."""
+        started = time.monotonic()
+        result = self._run(msg, beat)
+        if self._metrics is not None:
+            self._metrics.chunks_total.labels(result).inc()
+            if result == "answered":
+                self._metrics.chunk_seconds.observe(time.monotonic() - started)
+        return result
+
+    def _run(self, msg: ChunkMessage, beat: Callable[[], None]) -> str:
         done = self._lines.chunk(msg.owner, msg.batch_id, msg.chunk)
         if done is not None:  # answered before (a redelivery): make sure it is counted
             self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts_of(done))
@@ -144,14 +156,20 @@ class ChunkRunner:
                 }
             )
         self._write(msg, answers)
+        if self._metrics is not None:
+            self._metrics.chunks_total.labels("failed").inc()
 
     def _write(self, msg: ChunkMessage, answers: list[dict[str, Any]]) -> None:
         """The chunk's answers, unless another run wrote them first (then theirs stand);
         then its counts, from what was stored."""
         body = b"\n".join(orjson.dumps(a) for a in answers)
-        if not self._lines.put_chunk(msg.owner, msg.batch_id, msg.chunk, body):
+        won = self._lines.put_chunk(msg.owner, msg.batch_id, msg.chunk, body)
+        if not won:
             body = self._lines.chunk(msg.owner, msg.batch_id, msg.chunk) or body
-        self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts_of(body))
+        counts = counts_of(body)
+        self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts)
+        if won and self._metrics is not None:
+            self._metrics.answered(counts)
 
     def _line(self, msg: ChunkMessage, number: int, raw: bytes, stop: _Stop) -> dict[str, Any]:
         line = orjson.loads(raw)

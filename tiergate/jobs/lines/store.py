@@ -4,7 +4,11 @@
     batchapi/{owner}/{batch_id}/plan.json     its chunks: [start, end, first line, lines]
     batchapi/{owner}/{batch_id}/chunks/{k}    chunk k's answers, written once (the fence)
     batchapi/{owner}/{batch_id}/done/{k}-...  chunk k's counts, in the key's name
+    batchapi/{owner}/{batch_id}/resent/{k}-{n}   the sweep's n-th re-send of chunk k (once)
+    batchapi/{owner}/index/{batch_id}         the owner's batches, for listing (one LIST)
     batchapi/{owner}/active/{batch_id}-{lines}-{tokens}   while the batch is not final
+    batchapi-open/{owner}/{batch_id}          likewise: the sweep's list of every owner's
+                                              batches not final (tiergate.jobs.lines.sweep)
 
 A chunk's answers are written with ``If-None-Match: *``: however many workers ran it (a
 redelivery after a crash, a rebalance), the first write is the chunk's answer and every
@@ -23,11 +27,32 @@ from typing import Any
 import orjson
 
 from tiergate.jobs.state.store import JobStore
+from tiergate.protocol.openaibatch import ChunkMessage
 
 
 def new_batch_id(now: float | None = None) -> str:
     millis = int((time.time() if now is None else now) * 1000)
     return f"batch_{millis:012x}{uuid.uuid4().hex[:20]}"
+
+
+def chunk_message(
+    owner: str, batch: dict[str, Any], plan: list[list[int]], index: int
+) -> ChunkMessage:
+    """Chunk ``index`` of ``batch`` (its record on the batch topic), from the batch's plan:
+    what the gateway sends at creation and the sweep sends again."""
+    start, end, first_line, _ = plan[index]
+    return ChunkMessage(
+        id=f"{batch['id']}/{index}",
+        owner=owner,
+        batch_id=batch["id"],
+        chunk=index,
+        input_file_id=batch["input_file_id"],
+        endpoint=batch["endpoint"],
+        start=start,
+        end=end,
+        first_line=first_line,
+        expires_at=batch["expires_at"],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +82,7 @@ class LineBatchStore:
     def __init__(self, store: JobStore) -> None:
         self.objects = store.objects
         self._root = store.prefixed("batchapi/")
+        self._open = store.prefixed("batchapi-open/")
 
     def _key(self, owner: str, batch_id: str, name: str) -> str:
         return f"{self._root}{owner}/{batch_id}/{name}"
@@ -64,11 +90,14 @@ class LineBatchStore:
     # -- the batch object ---------------------------------------------------------------
 
     def create(self, owner: str, batch: dict[str, Any], plan: list[list[int]], tokens: int) -> None:
-        """The plan, the active marker, then the batch object (it exists from then on)."""
+        """The plan, the markers, then the batch object (it exists from then on): a gateway
+        that dies part way leaves markers without a batch, which the sweep removes."""
         batch_id = str(batch["id"])
         self.objects.put(self._key(owner, batch_id, "plan.json"), orjson.dumps(plan))
+        self.objects.put(f"{self._root}{owner}/index/{batch_id}", b"")
         if batch["status"] not in ("failed",):
             lines = int(batch["request_counts"]["total"])
+            self.objects.put(f"{self._open}{owner}/{batch_id}", b"")
             self.objects.put(self._active_key(owner, batch_id, lines, tokens), b"")
         self.objects.put_once(self._key(owner, batch_id, "batch.json"), orjson.dumps(batch))
 
@@ -93,17 +122,14 @@ class LineBatchStore:
     def discard(self, owner: str, batch_id: str) -> None:
         """A batch whose chunks never reached the broker: as if it had not been made."""
         self.objects.delete(self._key(owner, batch_id, "batch.json"))
-        for key in self.objects.keys(f"{self._root}{owner}/active/{batch_id}-"):
-            self.objects.delete(key)
+        self.objects.delete(f"{self._root}{owner}/index/{batch_id}")
+        self.settle(owner, batch_id)
 
     def ids(self, owner: str) -> list[str]:
-        """The owner's batch ids, oldest first."""
-        root = f"{self._root}{owner}/"
-        return [
-            key.removeprefix(root).removesuffix("/batch.json")
-            for key in self.objects.keys(root)
-            if key.endswith("/batch.json")
-        ]
+        """The owner's batch ids, oldest first (the index alone: not every chunk's keys).
+        An id whose create died before its batch object has none (readers skip it)."""
+        root = f"{self._root}{owner}/index/"
+        return [key.removeprefix(root) for key in self.objects.keys(root)]
 
     # -- the owner's enqueued work ------------------------------------------------------
 
@@ -120,9 +146,18 @@ class LineBatchStore:
         return batches, lines, tokens
 
     def settle(self, owner: str, batch_id: str) -> None:
-        """The batch is final: it no longer counts as enqueued."""
+        """The batch is final: it no longer counts as enqueued, nor is it swept."""
         for key in self.objects.keys(f"{self._root}{owner}/active/{batch_id}-"):
             self.objects.delete(key)
+        self.objects.delete(f"{self._open}{owner}/{batch_id}")
+
+    def open_batches(self) -> list[tuple[str, str]]:
+        """(owner, batch id) of every owner's batches not yet settled (one LIST)."""
+        found = []
+        for key in self.objects.keys(self._open):
+            owner, _, batch_id = key.removeprefix(self._open).rpartition("/")
+            found.append((owner, batch_id))
+        return found
 
     # -- chunks -------------------------------------------------------------------------
 
@@ -135,6 +170,20 @@ class LineBatchStore:
 
     def mark_done(self, owner: str, batch_id: str, chunk: int, counts: ChunkCounts) -> None:
         self.objects.put(self._key(owner, batch_id, f"done/{counts.name(chunk)}"), b"")
+
+    def resends(self, owner: str, batch_id: str) -> dict[int, int]:
+        """How many times the sweep sent each chunk again (one LIST)."""
+        root = self._key(owner, batch_id, "resent/")
+        found: dict[int, int] = {}
+        for key in self.objects.keys(root):
+            chunk, count = (int(part) for part in key.removeprefix(root).split("-"))
+            found[chunk] = max(found.get(chunk, 0), count)
+        return found
+
+    def claim_resend(self, owner: str, batch_id: str, chunk: int, count: int) -> bool:
+        """Whether this caller is the one to send chunk ``chunk`` for the ``count``-th time."""
+        key = self._key(owner, batch_id, f"resent/{chunk:06d}-{count}")
+        return self.objects.put_once(key, b"")
 
     def progress(self, owner: str, batch_id: str) -> dict[int, ChunkCounts]:
         """The counts of every chunk answered so far, by chunk (one LIST)."""

@@ -16,10 +16,9 @@ slot gives the record back to be tried again after a backoff (nothing else could
 either); any other failure ends the job ``failed`` inside the runner, or, if even that
 fails, sends the message to the dead-letter topic and moves on.
 
-The worker refuses to start when the sandbox's memory, CPU and process limits cannot be
-applied (see :func:`tiergate.sandbox.probe_limits`), unless the operator set
-``jobs.sandbox.allow_unlimited``. It serves ``/metrics`` and ``/healthz`` (which fails when
-a consumer, slot, keeper, forwarder or sweeper thread died) on ``jobs.worker.metrics_port``.
+The worker refuses to start when the sandbox's limits cannot be applied
+(:func:`tiergate.sandbox.probe_limits`) unless ``jobs.sandbox.allow_unlimited``. It serves
+``/metrics`` and ``/healthz`` (failing when one of its threads died) on ``metrics_port``.
 """
 
 from __future__ import annotations
@@ -43,8 +42,10 @@ from pydantic import ValidationError
 
 from tiergate.jobs.batches.driver import BatchDriver
 from tiergate.jobs.batches.metrics import BatchMetrics
+from tiergate.jobs.lines.metrics import LineMetrics
 from tiergate.jobs.lines.runner import ChunkRunner
 from tiergate.jobs.lines.store import LineBatchStore
+from tiergate.jobs.lines.sweep import worker_sweeps
 from tiergate.jobs.run.agent import ModelClient, ModelUnavailable, WorkerKey
 from tiergate.jobs.run.observe import Liveness, WorkerMetrics
 from tiergate.jobs.run.observe_http import WorkerHTTP
@@ -55,7 +56,6 @@ from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.lease import Fenced
 from tiergate.jobs.state.share import FleetShare
 from tiergate.jobs.state.store import JobStore, StorageError
-from tiergate.jobs.state.sweep import Sweeper
 from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
 from tiergate.protocol.openaibatch import ChunkMessage
@@ -93,6 +93,7 @@ class Worker:
         self._runners: list[JobRunner] = []
         self._threads: list[threading.Thread] = []
         self.metrics = WorkerMetrics()
+        self.line_metrics = LineMetrics(self.metrics.registry)
         self.breakers = BreakerBoard(self._store, settings, self.metrics)
         self.liveness = Liveness(stale_after=settings.worker.heartbeat_stale_seconds)
         self.http = (
@@ -420,10 +421,8 @@ class Worker:
 
     def _run_openai_batches(self) -> None:
         """OpenAI batches' chunks (tiergate.jobs.lines), one at a time, in a group of their
-        own: a chunk's offset is committed once its answers are written, so a worker that
-        dies mid-chunk has it run again elsewhere, and the write-once answers keep one
-        answer a line. A chunk that cannot be written now (storage down) is sought back
-        and tried again."""
+        own, each committed once its answers are written (once): a worker dying mid-chunk
+        leaves it to another. One that cannot be written now is sought back."""
         name = threading.current_thread().name
         kafka = self._settings.kafka
         runner = ChunkRunner(
@@ -433,6 +432,7 @@ class Worker:
             self._settings.gateway_url,
             WorkerKey(self._settings.worker.api_key, self._settings.worker.api_key_file).get,
             self._stopping,
+            self.line_metrics,
         )
         consumer = self._consumer(kafka.batch_topic, kafka.batch_group)
         try:
@@ -475,7 +475,7 @@ class Worker:
         kafka = self._settings.kafka
         name = threading.current_thread().name
         every = min(60.0, self._settings.requeue_after_seconds / 4)
-        sweeper = Sweeper(self._store, self._queue, self._settings)
+        sweeps = worker_sweeps(self._store, self._queue, self._settings, self.line_metrics)
         last_sweep = 0.0
         while not self._stopping.wait(0 if last_sweep == 0 else min(15.0, every)):
             self.liveness.beat(name)
@@ -491,7 +491,8 @@ class Worker:
                 log.warning("breaker states not read: %s", exc)
             if time.monotonic() - last_sweep >= every:
                 last_sweep = time.monotonic()
-                try:
-                    sweeper.run()
-                except (StorageError, QueueUnavailable, KafkaError, LagUnavailable) as exc:
-                    log.warning("sweep skipped: %s", exc)
+                for sweep in sweeps:
+                    try:
+                        sweep()
+                    except (StorageError, QueueUnavailable, KafkaError, LagUnavailable) as exc:
+                        log.warning("sweep skipped: %s", exc)
