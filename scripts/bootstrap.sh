@@ -66,6 +66,21 @@ fi
 say "the quantization environment (.venv-quant, llm-compressor)"
 bash scripts/install-quant.sh
 
+# The manual's Node example (docs/files.md, batch-node) runs in the suite with the official
+# `openai` npm package (clients/node, pinned by its lock file); Node.js 20 is on machines of
+# this kind, Debian's where it is not.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  say "apt: installing nodejs and npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >&2
+  apt-get install -y -q --no-install-recommends nodejs npm >&2
+fi
+if [ ! -f clients/node/node_modules/openai/package.json ] ||
+  [ clients/node/package-lock.json -nt clients/node/node_modules/.package-lock.json ]; then
+  say "npm: installing the openai Node client (clients/node)"
+  npm ci --prefix clients/node --no-audit --no-fund --loglevel=error >&2
+fi
+
 say "helm (for the chart's tests)"
 bash scripts/install-helm.sh
 

@@ -1,7 +1,9 @@
 """The code blocks of the README and of the manual in docs/ marked for tests
 (``<!-- readme-test: NAME -->`` on the line before the fence; a name is used once across
 them), and running them as a reader would: bash with the venv's commands on
-PATH, Python with the venv's interpreter, the gateway's address in ``TIERGATE_BASE_URL``."""
+PATH, Python with the venv's interpreter, JavaScript with Node.js and the official ``openai``
+package that ``make test`` installs in clients/node (a module file in the block's folder,
+beside a link to its ``node_modules``), the gateway's address in ``TIERGATE_BASE_URL``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def documents() -> list[Path]:
 
 
 VENV_BIN = Path(sys.executable).parent
+NODE_MODULES = ROOT / "clients" / "node" / "node_modules"
 
 
 def readme_block(name: str) -> tuple[str, str]:
@@ -39,7 +42,16 @@ def run_readme_block(
     """Run a block as written, but against ``base_url`` instead of ``make up``'s address."""
     language, code = readme_block(name)
     code = code.replace("http://127.0.0.1:8000", base_url)
-    command = {"bash": ["bash", "-c", code], "python": [sys.executable, "-c", code]}[language]
+    if language == "javascript":
+        assert (NODE_MODULES / "openai").is_dir(), f"{NODE_MODULES}: run scripts/bootstrap.sh"
+        (cwd / "block.mjs").write_text(code)
+        if not (cwd / "node_modules").exists():
+            (cwd / "node_modules").symlink_to(NODE_MODULES)
+    command = {
+        "bash": ["bash", "-c", code],
+        "python": [sys.executable, "-c", code],
+        "javascript": ["node", "block.mjs"],
+    }[language]
     env = {
         **os.environ,
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -48,3 +60,12 @@ def run_readme_block(
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def assert_node_batch_guide(stdout: str) -> None:
+    """What the manual says the Node Batch API example (batch-node) prints."""
+    said = stdout.splitlines()
+    assert said[0] == 'completed {"total":3,"completed":2,"failed":1}', said
+    assert sorted(said[1:4]) == ["request-1 200", "request-2 200", "request-3 400"], said
+    assert said[4] == "listed true", said
+    assert said[5] in ("cancel cancelling", "cancel cancelled"), said

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import VllmServer
-from tests.readme_blocks import run_readme_block
+from tests.readme_blocks import assert_node_batch_guide, run_readme_block
 from tests.servers import free_port, gateway_settings, running_gateway
 from tiergate.local.jobs import LocalPorts, local_jobs
 from tiergate.tiers import Tier
@@ -66,3 +66,9 @@ def test_the_readme_jobs_client_examples_run_on_the_local_stack(
             assert said[0].startswith("completed ") and "completed=3" in said[0], said
             answered = sorted(line.split()[0] for line in said if line.startswith("request-"))
             assert answered == ["request-1", "request-2", "request-3"], said
+
+            # The same guide with the official Node client, whole: the output and error
+            # files, the list and a cancel.
+            node = run_readme_block("batch-node", base, tmp_path)
+            assert node.returncode == 0, node.stderr
+            assert_node_batch_guide(node.stdout)

@@ -17,7 +17,7 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
-from tests.readme_blocks import run_readme_block
+from tests.readme_blocks import assert_node_batch_guide, run_readme_block
 from tests.waiting import eventually
 from tiergate.enginesettings import DEFAULT_MODEL_NAME
 
@@ -209,5 +209,19 @@ def test_the_manuals_batch_example_runs_as_written(broker: str, s3: str, tmp_pat
                 "request-2",
                 "request-3",
             ]
+    finally:
+        engine.stop()
+
+
+def test_the_manuals_node_batch_guide_runs_as_written(broker: str, s3: str, tmp_path: Path) -> None:
+    """The official Node client through the same guide, over a fake of ``make up``'s model
+    (with real engines: tests/e2e/test_readme_jobs_client.py)."""
+    engine = FakeVllm(DEFAULT_MODEL_NAME).start()
+    try:
+        with jobs_stack(broker, s3, engine, tmp_path) as stack:
+            stack.start_worker()
+            done = run_readme_block("batch-node", stack.base, tmp_path, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert_node_batch_guide(done.stdout)
     finally:
         engine.stop()
