@@ -312,3 +312,43 @@ def bench_share(
     _, held = run_share_benchmark(out, params)
     if not held:
         raise typer.Exit(1)
+
+
+@bench_app.command("batch")
+def bench_batch_cmd(
+    gateway: Annotated[str, typer.Option(help="Gateway URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[
+        str, typer.Option(envvar="OPENAI_API_KEY", help="A key of the gateway's (OPENAI_API_KEY)")
+    ] = "unused",
+    lines: Annotated[int, typer.Option(min=1, help="Chat requests in the batch")] = 2000,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per line")] = 32,
+    probes: Annotated[int, typer.Option(min=1, help="Interactive requests measured at rest")] = 8,
+    baseline: Annotated[
+        bool, typer.Option(help="Also run vLLM's run-batch on the standard engine's configuration")
+    ] = True,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """OpenAI's Batch API on the running stack (`tiergate up`): the batch's output tokens/s
+    against vLLM's own run-batch, and interactive TTFT/TPOT while it runs against idle;
+    writes batch-bench.md/.json."""
+    from tiergate.bench.openaibatch import BatchBenchParams, bench_batch
+    from tiergate.bench.openaibatch_report import render_batch
+    from tiergate.bench.report import write_report
+
+    settings = settings_or_exit()
+    params = BatchBenchParams(gateway, api_key, lines, max_tokens, probes, baseline=baseline)
+    lane = settings.jobs.batch_api.model_dump(include={"chunk_lines", "line_concurrency"}) | {
+        "workers": "as the stack runs them"
+    }
+    result = bench_batch(
+        params,
+        settings.profiles[Tier.STANDARD],
+        settings.cache_dir / "bench-batch",
+        lambda m: typer.echo(f"[bench batch] {m}", err=True),
+        gpu=settings.gpu_name,
+        lane=lane,
+    )
+    command = f"tiergate bench batch --lines {lines} --max-tokens {max_tokens} --probes {probes}"
+    if not baseline:
+        command += " --no-baseline"
+    write_report(out, "batch-bench", result, render_batch(result, command))
