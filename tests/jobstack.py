@@ -16,8 +16,9 @@ from tests.servers import free_port, gateway_settings, running_gateway
 from tests.waiting import eventually
 from tiergate.jobs.run.worker import Worker
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.queue.pipeline import JobQueue
-from tiergate.settings import JobsSettings, Settings
+from tiergate.settings import Settings
 
 
 def jobs_tree(

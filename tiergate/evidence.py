@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tiergate.settings import Recipe
+from tiergate.enginesettings import Recipe
 
 TierVerdict = Literal["faster", "equal"]
 CandidateStatus = Literal["chosen", "passed", "failed parity", "too slow", "skipped", "error"]

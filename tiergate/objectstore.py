@@ -36,7 +36,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiergate.settings import StorageSettings
+from tiergate.jobsettings import StorageSettings
 
 log = logging.getLogger("tiergate.store")
 

@@ -25,18 +25,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from tiergate.enginesettings import DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME
-from tiergate.enginesettings import QuantizeSpec as QuantizeSpec
-from tiergate.enginesettings import Recipe as Recipe
-from tiergate.enginesettings import TierProfile as TierProfile
-from tiergate.enginesettings import TuningSettings as TuningSettings
-from tiergate.enginesettings import default_profiles
-from tiergate.jobsettings import JobCaps as JobCaps
-from tiergate.jobsettings import JobsSettings as JobsSettings
-from tiergate.jobsettings import KafkaSettings as KafkaSettings
-from tiergate.jobsettings import SandboxSettings as SandboxSettings
-from tiergate.jobsettings import StorageSettings as StorageSettings
-from tiergate.jobsettings import WorkerSettings as WorkerSettings
+from tiergate.enginesettings import TierProfile, TuningSettings, default_profiles
+from tiergate.jobsettings import JobsSettings
 from tiergate.sectionbase import Section as _Section
 from tiergate.tiers import Tier
 

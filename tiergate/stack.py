@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tiergate.engine.process import Engine, EngineFailed, healthy, start_vllm, wait_ready
+from tiergate.enginesettings import TierProfile
 from tiergate.evidence import TierDecision
 from tiergate.local.supervisor import Supervisor, kill_leftovers
 from tiergate.measure.diskspace import (
@@ -25,7 +26,7 @@ from tiergate.measure.diskspace import (
     low_disk_message,
 )
 from tiergate.sandbox import LimitsUnavailable
-from tiergate.settings import Settings, TierProfile
+from tiergate.settings import Settings
 from tiergate.tiers import Tier
 from tiergate.tuning.layout import EngineLayout, ensure_layout, serves_one, stored_layout
 from tiergate.tuning.plan import Plan, Waiting, tier_plan

@@ -16,8 +16,9 @@ import pytest
 
 from tests.servers import free_port, gateway_settings, running_gateway
 from tiergate.engine.process import Engine, start_vllm, stop_process_group, wait_ready
+from tiergate.enginesettings import DEFAULT_MODEL_NAME, Recipe
 from tiergate.quant.prepare import prepare_profile_model
-from tiergate.settings import DEFAULT_MODEL_NAME, Recipe, Settings, load_settings
+from tiergate.settings import Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning.profiles import recipe_profile
 

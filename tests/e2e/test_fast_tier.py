@@ -13,6 +13,7 @@ from tests.e2e.conftest import MODEL, VllmServer
 from tests.servers import free_port
 from tiergate.engine.gate import MANIFEST, ParityMissing, ensure_parity
 from tiergate.engine.process import launched
+from tiergate.enginesettings import TierProfile
 from tiergate.quant.parity import (
     Endpoint,
     ParityThresholds,
@@ -21,7 +22,6 @@ from tiergate.quant.parity import (
     task_subset,
     write_report,
 )
-from tiergate.settings import TierProfile
 from tiergate.speculative.fidelity import sampling_fidelity
 from tiergate.speculative.measure import losslessness, measure_acceptance
 from tiergate.tiers import Tier

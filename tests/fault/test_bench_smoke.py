@@ -75,9 +75,9 @@ def test_the_tier_benchmark_measures_a_plain_vllm_in_the_same_turns(
 def test_the_tier_benchmark_reports_the_tuners_candidates_beside_its_own(tmp_path: Path) -> None:
     # The body GET /v1/tiers gives when the tuner published a decision.
     from tiergate.bench.tiers import tuner_figures
+    from tiergate.enginesettings import Recipe
     from tiergate.evidence import CandidateResult, TierDecision
     from tiergate.gateway.tierinfo import TierEvidence
-    from tiergate.settings import Recipe
 
     chosen = Recipe(name="W8A8-sq-gptq", quantize="W8A8", method="sq-gptq")
     decision = TierDecision(

@@ -17,9 +17,10 @@ from tests.helm.chart import (
     pod_spec,
     render,
 )
+from tiergate.enginesettings import Recipe
 from tiergate.evidence import TierDecision
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
-from tiergate.settings import Recipe, Settings, load_settings
+from tiergate.settings import Settings, load_settings
 from tiergate.tuning.tuner import inputs_digest
 
 

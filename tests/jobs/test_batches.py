@@ -21,10 +21,10 @@ from tests.jobs.tenants import tenants
 from tests.jobstack import JobsStack, jobs_stack
 from tests.readme_blocks import run_readme_block
 from tests.waiting import eventually
+from tiergate.enginesettings import DEFAULT_MODEL_NAME
 from tiergate.jobs.batches.store import BatchStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsclient import JobsClient
-from tiergate.settings import DEFAULT_MODEL_NAME
 
 REPLY = "```bash\nsh task.sh\n```"
 

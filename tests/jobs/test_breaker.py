@@ -25,9 +25,9 @@ from tiergate.envs.registry import Registry
 from tiergate.jobs.run.observe import WorkerMetrics
 from tiergate.jobs.state.breaker import Breaker, BreakerBoard, command
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.objectstore import ObjectStore
 from tiergate.protocol import JobCreate
-from tiergate.settings import JobsSettings
 
 BROKEN = {
     "model": MODEL,

@@ -21,6 +21,7 @@ from tests.jobstack import JobsStack, jobs_stack
 from tests.readme_blocks import run_readme_block
 from tests.servers import free_port
 from tests.waiting import eventually
+from tiergate.enginesettings import DEFAULT_MODEL_NAME
 from tiergate.jobsclient import (
     AsyncJobsClient,
     Job,
@@ -33,7 +34,6 @@ from tiergate.jobsclient import (
     JobsTimeout,
 )
 from tiergate.jobsclient.base import Follow, Reconnect, options
-from tiergate.settings import DEFAULT_MODEL_NAME
 
 TIERGATE = Path(sys.executable).with_name("tiergate")
 SOLVE = "```bash\necho $(( 6 * 7 )) > answer.txt\n```"

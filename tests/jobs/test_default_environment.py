@@ -25,13 +25,13 @@ from tiergate.envs.build import BuildError, Built, add_files, sha256_file
 from tiergate.envs.ensure import Builder
 from tiergate.envs.manifest import Manifest
 from tiergate.envs.registry import Registry
+from tiergate.jobsettings import JobsSettings
 from tiergate.local.environment import (
     SHIPPED_MANIFEST,
     DefaultEnvironmentFailed,
     ensure_default_environment,
 )
 from tiergate.objectstore import ObjectStore
-from tiergate.settings import JobsSettings
 
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
 MANIFEST = 'name: default\npackages: [jq]\nfiles: {{"/etc/motd": "{motd}\\n"}}\n'

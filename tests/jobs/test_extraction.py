@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.unprivileged import NOBODY, REPO, run_as_nobody
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
 from tiergate.sandbox import files as sandbox_files
-from tiergate.settings import SandboxSettings
 
 ROOT = os.geteuid() == 0
 WORK = "/tmp/tiergate-sandboxes/extraction"

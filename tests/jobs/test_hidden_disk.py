@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from tests.jobs.unprivileged import NOBODY, delegated, run_as_nobody
+from tiergate.jobsettings import JobsSettings, SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import JobsSettings, SandboxSettings
 
 # Ten files of 4 MB (under RLIMIT_FSIZE's 16 MiB each, 40 MB together against 16 MiB),
 # each removed as soon as it is written; the process keeps them open, or only mapped.

@@ -11,8 +11,8 @@ import pytest
 
 from tiergate.jobs.state.lease import Fenced, Held, Leases, RunLease
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import StorageSettings
 from tiergate.queue.offsets import OffsetBook
-from tiergate.settings import StorageSettings
 
 
 class Clock:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from tests.jobs.unprivileged import NOBODY, delegated, run_as_nobody
-from tiergate.settings import JobsSettings
+from tiergate.jobsettings import JobsSettings
 
 ROOT = os.geteuid() == 0
 

@@ -19,7 +19,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, topic_messages
 from tests.waiting import eventually
-from tiergate.settings import JobsSettings
+from tiergate.jobsettings import JobsSettings
 
 TASK = {
     "model": MODEL,

@@ -20,9 +20,9 @@ from tests.waiting import eventually
 from tiergate.gateway.access.readcost import UNIT_BYTES, units
 from tiergate.jobs.batches.store import BatchStore
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import StorageSettings
 from tiergate.objectstore import ObjectStore
 from tiergate.protocol.batches import Batch, Rollout
-from tiergate.settings import StorageSettings
 
 JOB: dict[str, Any] = {
     "model": MODEL,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.archives import tar_of
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import LimitsUnavailable, Sandbox, SandboxError, probe_limits
-from tiergate.settings import SandboxSettings
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory/tasks").exists()
 REPO = Path(__file__).resolve().parents[2]

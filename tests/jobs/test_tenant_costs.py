@@ -32,9 +32,9 @@ from tests.waiting import eventually
 from tiergate.gateway.access.auth import new_key
 from tiergate.gateway.jobs.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import JobCreate, JobMessage
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge
-from tiergate.settings import JobsSettings
 
 TASK: dict[str, Any] = {
     "model": MODEL,

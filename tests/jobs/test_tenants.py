@@ -23,9 +23,9 @@ from tests.jobstack import jobs_stack
 from tests.waiting import eventually
 from tiergate.jobs.state.breaker import BreakerBoard
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import SandboxSettings
 
 ROOT = os.geteuid() == 0
 ENDED = ("completed", "failed", "cancelled", "incomplete")

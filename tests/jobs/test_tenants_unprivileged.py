@@ -26,7 +26,7 @@ from tests.jobs.unprivileged import CGROUP, delegated, start_worker
 from tests.jobstack import JobsStack, jobs_stack
 from tests.servers import free_port
 from tests.waiting import eventually
-from tiergate.settings import JobsSettings
+from tiergate.jobsettings import JobsSettings
 
 ENDED = ("completed", "failed", "cancelled", "incomplete")
 CANARY = f"canary-{uuid.uuid4().hex}"

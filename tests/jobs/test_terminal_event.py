@@ -16,8 +16,8 @@ import pytest
 
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import StorageSettings
 from tiergate.protocol import JobCreate, JobMessage, JobStatus
-from tiergate.settings import StorageSettings
 
 SPEC = JobCreate.model_validate(
     {"model": "m", "instruction": "do it", "verifier": {"command": "true"}}

@@ -21,11 +21,11 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, probe_limits, seccomp
 from tiergate.sandbox.bwrap import command_argv
 from tiergate.sandbox.errors import SeccompUnavailable
-from tiergate.settings import SandboxSettings
 
 WORK = "/tmp/tiergate-sandboxes/walls"
 ROOT = os.geteuid() == 0

@@ -23,9 +23,9 @@ from tests.jobs.archives import tar_of
 from tests.jobstack import jobs_stack
 from tiergate.jobs.run.jobsandbox import REWARD_MAX_BYTES, read_reward, store_artifacts
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import SandboxSettings, StorageSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import SandboxSettings, StorageSettings
 
 MiB = 1024 * 1024
 ROOT = os.geteuid() == 0

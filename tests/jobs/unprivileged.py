@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tiergate.settings import JobsSettings
+from tiergate.jobsettings import JobsSettings
 
 NOBODY = 65534
 CGROUP = Path("/sys/fs/cgroup")

@@ -13,9 +13,8 @@ from typing import Any
 from tiergate.jobs.lines.finalize import Finalizer
 from tiergate.jobs.lines.store import ChunkCounts, LineBatchStore
 from tiergate.jobs.lines.sweep import ChunkSweeper
-from tiergate.jobsettings import BatchApiSettings
+from tiergate.jobsettings import BatchApiSettings, JobsSettings
 from tiergate.protocol.openaibatch import ChunkMessage
-from tiergate.settings import JobsSettings
 
 REQUEUE = 10.0
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tiergate.engine.gate import ParityMissing, ensure_parity
+from tiergate.enginesettings import TierProfile
 from tiergate.quant.build import MANIFEST, calibration_texts, checkpoint_sha256
 from tiergate.quant.parity import (
     REPORT,
@@ -18,7 +19,6 @@ from tiergate.quant.parity import (
     render,
 )
 from tiergate.quant.tasks import TASKS, code_of
-from tiergate.settings import TierProfile
 from tiergate.speculative.measure import (
     NEAR_TIE_NATS,
     acceptance_between,

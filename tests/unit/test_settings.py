@@ -99,7 +99,7 @@ def test_documented_gpu_profile_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_kafka_client_options_carry_sasl_and_tls() -> None:
-    from tiergate.settings import KafkaSettings
+    from tiergate.jobsettings import KafkaSettings
 
     plain = KafkaSettings(bootstrap_servers="b:9092").client_options()
     assert plain == {"bootstrap_servers": "b:9092", "security_protocol": "PLAINTEXT"}

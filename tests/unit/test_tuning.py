@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from tiergate.engine.command import vllm_command
+from tiergate.enginesettings import Recipe
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
-from tiergate.settings import Recipe, Settings, load_settings
+from tiergate.settings import Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import tuner
 from tiergate.tuning.decide import choose, worth_judging

@@ -12,8 +12,9 @@ import pytest
 
 from tests.unit.test_tuning import _parity
 from tiergate.engine.process import Engine, engine_stage, start_vllm
+from tiergate.enginesettings import Recipe, TuningSettings
 from tiergate.evidence import CandidateResult
-from tiergate.settings import Recipe, Settings, TuningSettings, load_settings
+from tiergate.settings import Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import served
 from tiergate.tuning.decide import choose

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tiergate.jobs.run.observe import Liveness, WorkerMetrics
 from tiergate.jobs.run.observe_http import WorkerHTTP
+from tiergate.jobsettings import WorkerSettings
 from tiergate.protocol import JobStatus
-from tiergate.settings import WorkerSettings
 
 
 class Clock:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tiergate.engine.command import vllm_environment
 from tiergate.engine.process import Engine, mark_start, stop_process_group, wait_ready
-from tiergate.settings import TierProfile
+from tiergate.enginesettings import TierProfile
 
 
 def plain_command(profile: TierProfile, port: int, python: str = sys.executable) -> list[str]:

@@ -43,11 +43,11 @@ from tiergate.envs.registry import Registry
 from tiergate.jobs.run.agent import ModelClient
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.local.servers import LOCAL_CREDENTIALS, ensure_bucket, object_store
 from tiergate.protocol import JobCreate, JobLimits, JobMessage
 from tiergate.queue.pipeline import JobQueue
 from tiergate.sandbox import Sandbox
-from tiergate.settings import JobsSettings
 
 FIRST = "date +%s.%N"
 

@@ -11,7 +11,7 @@ import typer
 from tiergate.cli.common import settings_or_exit
 
 if TYPE_CHECKING:
-    from tiergate.settings import JobsSettings
+    from tiergate.jobsettings import JobsSettings
 
 env_app = typer.Typer(no_args_is_help=True, help="Job environments.")
 env_breaker_app = typer.Typer(
@@ -87,7 +87,7 @@ def _store_settings() -> JobsSettings:
 
 
 def _default_jobs() -> JobsSettings:
-    from tiergate.settings import JobsSettings
+    from tiergate.jobsettings import JobsSettings
 
     return JobsSettings()
 

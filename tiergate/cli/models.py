@@ -20,8 +20,8 @@ def model_prepare(
     out: Annotated[Path | None, typer.Option(help="Checkpoint folder")] = None,
 ) -> None:
     """Convert the embedded SmolLM2 GGUF into a Hugging Face checkpoint (once)."""
+    from tiergate.enginesettings import DEFAULT_MODEL_NAME
     from tiergate.quant.convert import prepare_embedded_model
-    from tiergate.settings import DEFAULT_MODEL_NAME
 
     target = out or settings_or_exit().cache_dir / "models" / DEFAULT_MODEL_NAME
     prepare_embedded_model(target)
@@ -42,8 +42,8 @@ def quant_build(
     out: Annotated[Path | None, typer.Option(help="Folder for the checkpoints")] = None,
 ) -> None:
     """Build INT8 (W8A8) and INT4 (W4A16) checkpoints with llm-compressor."""
+    from tiergate.enginesettings import DEFAULT_MODEL_NAME
     from tiergate.quant.build import build
-    from tiergate.settings import DEFAULT_MODEL_NAME
 
     settings = settings_or_exit()
     src = source or settings.cache_dir / "models" / DEFAULT_MODEL_NAME

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tiergate.engine.families import tool_support
-from tiergate.settings import TierProfile
+from tiergate.enginesettings import TierProfile
 from tiergate.speculative.config import to_vllm_json
 
 _TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")

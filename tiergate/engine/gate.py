@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tiergate.settings import TierProfile
+from tiergate.enginesettings import TierProfile
 
 # Written by ``tiergate quant build`` beside a quantized checkpoint and by the parity judge;
 # the names are shared with ``tiergate.quant`` without importing it.

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tiergate.engine.command import vllm_command, vllm_environment
+from tiergate.enginesettings import TierProfile
 from tiergate.measure.wait import wait_until
-from tiergate.settings import TierProfile
 
 Progress = Callable[[str], None]
 

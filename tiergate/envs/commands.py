@@ -12,8 +12,8 @@ from typing import Any
 from tiergate.envs.build import build
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registry
+from tiergate.jobsettings import JobsSettings
 from tiergate.objectstore import ObjectStore
-from tiergate.settings import JobsSettings
 
 
 def build_command(

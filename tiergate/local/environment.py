@@ -24,9 +24,9 @@ from tiergate.envs.cache import EnvCache
 from tiergate.envs.ensure import Builder, ensure_registered
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registered, Registry
+from tiergate.jobsettings import JobsSettings
 from tiergate.objectstore import ObjectStore, StorageError
 from tiergate.sandbox.errors import SandboxError
-from tiergate.settings import JobsSettings
 
 # The repository's own manifest (``tiergate up`` runs from a checkout: ``make up``).
 SHIPPED_MANIFEST = Path(__file__).resolve().parents[2] / "environments" / "default.yaml"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from tiergate.jobsettings import JobsSettings
 from tiergate.local.servers import (
     LOCAL_CREDENTIALS,
     ObjectStore,
@@ -29,7 +30,7 @@ from tiergate.local.servers import (
 from tiergate.local.supervisor import Child, Supervisor, kill_leftovers
 from tiergate.measure.ports import port_open
 from tiergate.measure.wait import wait_until
-from tiergate.settings import JobsSettings, Settings
+from tiergate.settings import Settings
 
 S3_PORT = 9000
 BROKER_PORT = 9092

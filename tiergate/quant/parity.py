@@ -194,9 +194,9 @@ def task_subset(limit: int | None) -> list[Task]:
 def passes(task: Task, text: str) -> bool:
     if task.test is None:
         return task.check(text)
+    from tiergate.jobsettings import SandboxSettings
     from tiergate.protocol import SandboxLimits
     from tiergate.sandbox import Sandbox
-    from tiergate.settings import SandboxSettings
 
     # Model-written code runs in the job sandbox: no network, limits, unprivileged.
     box = Sandbox(

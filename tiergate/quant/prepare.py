@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiergate.settings import DEFAULT_MODEL_NAME, Settings, TierProfile
+from tiergate.enginesettings import DEFAULT_MODEL_NAME, TierProfile
+from tiergate.settings import Settings
 
 
 def prepare_profile_model(profile: TierProfile, settings: Settings) -> Path:

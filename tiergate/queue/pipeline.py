@@ -27,9 +27,9 @@ from kafka.errors import (
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from tiergate.jobsettings import KafkaSettings
 from tiergate.protocol import JobMessage
 from tiergate.protocol.openaibatch import ChunkMessage
-from tiergate.settings import KafkaSettings
 
 log = logging.getLogger("tiergate.pipeline")
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import SandboxLimits
-from tiergate.settings import SandboxSettings
 
 # Run by /bin/sh before the sandbox: waits until the worker has put this shell into the
 # job's cgroup (and says "run"), so that not one instruction runs outside the limits.

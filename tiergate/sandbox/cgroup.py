@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.jobsettings import SandboxSettings
 from tiergate.sandbox.errors import LimitsUnavailable
-from tiergate.settings import SandboxSettings
 
 CONTROLLERS = ("memory", "pids", "cpu")
 _WANTED = " ".join(f"+{c}" for c in CONTROLLERS)

@@ -17,11 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import SandboxLimits
 from tiergate.sandbox.cgroup import CgroupParent, find_parent, unavailable, write
 from tiergate.sandbox.errors import LimitsUnavailable, SandboxError
 from tiergate.sandbox.seccomp import probe_seccomp
-from tiergate.settings import SandboxSettings
 
 _PERIOD_US = 100_000
 

@@ -48,6 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import SandboxLimits
 from tiergate.sandbox import files, owned, seccomp
 from tiergate.sandbox.bwrap import STANDBY, command_argv, standby_script
@@ -56,7 +57,6 @@ from tiergate.sandbox.cgroup import find_parent
 from tiergate.sandbox.diskwatch import DiskWatch
 from tiergate.sandbox.errors import SandboxError
 from tiergate.sandbox.limits import JobCgroup
-from tiergate.settings import SandboxSettings
 
 _MiB = 1024 * 1024
 

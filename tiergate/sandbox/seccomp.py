@@ -36,8 +36,8 @@ import os
 import tempfile
 from typing import Any
 
+from tiergate.jobsettings import SandboxSettings
 from tiergate.sandbox.errors import SeccompUnavailable
-from tiergate.settings import SandboxSettings
 
 # Refused outright, with EPERM. Names the running architecture lacks are skipped.
 DENIED = (

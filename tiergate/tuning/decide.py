@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiergate.enginesettings import Recipe
 from tiergate.evidence import CandidateResult, ParitySummary, TierVerdict
-from tiergate.settings import Recipe
 
 # Speedups within this fraction of the fastest are one speed (see the module's text).
 TIE_BAND = 0.10

@@ -17,10 +17,11 @@ from typing import Literal
 
 from tiergate.engine.command import vllm_command
 from tiergate.engine.gate import MANIFEST, REPORT, ensure_parity
+from tiergate.enginesettings import TierProfile
 from tiergate.evidence import TierDecision
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
 from tiergate.quant.prepare import prepare_profile_model
-from tiergate.settings import Settings, TierProfile
+from tiergate.settings import Settings
 from tiergate.tiers import Tier
 from tiergate.tuning.profiles import decided_profile
 from tiergate.tuning.tuner import Progress, current_decision, ensure_decision, inputs_digest

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiergate.enginesettings import QuantizeSpec, Recipe, TierProfile
 from tiergate.evidence import TierDecision
-from tiergate.settings import QuantizeSpec, Recipe, TierProfile
 
 
 def recipe_profile(fast: TierProfile, recipe: Recipe | None, standard_model: str) -> TierProfile:

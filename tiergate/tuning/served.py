@@ -22,9 +22,10 @@ from typing import Literal
 import httpx
 
 from tiergate.engine.process import Engine, EngineFailed, launched
+from tiergate.enginesettings import Recipe
 from tiergate.evidence import CandidateResult
 from tiergate.measure.ports import free_ports
-from tiergate.settings import Recipe, Settings
+from tiergate.settings import Settings
 from tiergate.tiers import Tier
 from tiergate.tuning.decide import Choice
 from tiergate.tuning.profiles import recipe_profile

@@ -21,6 +21,7 @@ import httpx
 
 from tiergate.engine.kernels import REQUIRED_OPS, ProbeFailed, missing_kernel, present_ops
 from tiergate.engine.process import Engine, EngineFailed, launched
+from tiergate.enginesettings import Recipe, TierProfile
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
 from tiergate.measure.ports import free_ports
@@ -33,7 +34,7 @@ from tiergate.quant.parity import (
     write_report,
 )
 from tiergate.quant.prepare import prepare_profile_model
-from tiergate.settings import Recipe, Settings, TierProfile
+from tiergate.settings import Settings
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
 from tiergate.tuning.decide import Choice, choose, worth_judging

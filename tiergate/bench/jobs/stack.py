@@ -22,6 +22,7 @@ from tiergate.bench.jobs.figures import JobTimeline
 from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS, WorkerFleet
 from tiergate.bench.stub_model import MODEL
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.local.servers import (
     BROKER_BUCKET,
     LOCAL_CREDENTIALS,
@@ -34,7 +35,6 @@ from tiergate.local.servers import (
 from tiergate.measure.ports import free_port
 from tiergate.measure.wait import wait_until
 from tiergate.queue.pipeline import JobQueue
-from tiergate.settings import JobsSettings
 
 
 def say(message: str) -> None:

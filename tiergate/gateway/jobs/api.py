@@ -37,9 +37,9 @@ from tiergate.gateway.jobs.uploads import Uploads
 from tiergate.gateway.openai.selection import parse_body, read_body, requested_tier
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.gateway.jobs")
 

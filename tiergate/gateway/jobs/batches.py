@@ -28,8 +28,8 @@ from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.batches.export import rollout_record
 from tiergate.jobs.batches.store import BatchStore
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
-from tiergate.settings import JobsSettings
 
 # A task's own metadata leaves room for the four keys a batch's job gets (batch_id, ...).
 MAX_TASK_METADATA = 12

@@ -50,7 +50,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.tarcheck import ArchiveRefused, CheckLimits, CheckStopped, check_tar
 from tiergate.gateway.jobs.taskfile import check_tasks
 from tiergate.jobs.state.store import JobStore, StorageError
-from tiergate.settings import JobsSettings
+from tiergate.jobsettings import JobsSettings
 
 # Runs a store call in a thread; a StorageError becomes the 503 every jobs route answers.
 Storage = Callable[..., Awaitable[Any]]

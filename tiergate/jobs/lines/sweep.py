@@ -36,10 +36,10 @@ from tiergate.jobs.lines.store import LineBatchStore, chunk_message
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobs.state.sweep import Sweeper
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol.openaibatch import FINAL
 from tiergate.queue.lag import keys_ahead
 from tiergate.queue.pipeline import JobQueue
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.lines.sweep")
 

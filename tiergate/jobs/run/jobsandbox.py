@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tiergate.jobs.state.breaker import FailureKind
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import SandboxSettings
 from tiergate.protocol import JobLimits, JobMessage, TrajectoryEntry
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import SandboxSettings
 
 log = logging.getLogger("tiergate.worker")
 # The most of a reward file that is read: a number, and room for a line of text after it.

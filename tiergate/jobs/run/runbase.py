@@ -26,10 +26,10 @@ from tiergate.jobs.state.lease import Leases, RunLease
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.share import FleetShare
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import Job, JobMessage, JobStatus, TrajectoryEntry
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 

@@ -24,9 +24,9 @@ from kafka import TopicPartition
 from pydantic import ValidationError
 
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import JobMessage, JobStatus
 from tiergate.queue.lag import LagUnavailable, records_ahead
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.steal")
 

@@ -56,6 +56,7 @@ from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.lease import Fenced
 from tiergate.jobs.state.share import FleetShare
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
 from tiergate.measure.diskspace import MIB, disk_space
 from tiergate.protocol import JobMessage
 from tiergate.protocol.openaibatch import ChunkMessage
@@ -64,7 +65,6 @@ from tiergate.queue.lag import LagUnavailable, measure_lag
 from tiergate.queue.membership import Membership
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.sandbox import probe_limits
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.worker")
 

@@ -66,8 +66,8 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import ENVIRONMENT_PATTERN
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.breaker")
 

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from tiergate.jobs.state.lease import Leases
+from tiergate.jobsettings import StorageSettings
 from tiergate.objectstore import ObjectStore, StorageError
 from tiergate.protocol import Job, JobCreate
-from tiergate.settings import StorageSettings
 
 # How long a writer waits before trying an event number again that was refused while
 # nothing could be read there (a write still landing).

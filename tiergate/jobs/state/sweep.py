@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import JobMessage, JobStatus
 from tiergate.queue.lag import keys_ahead
 from tiergate.queue.pipeline import JobQueue
-from tiergate.settings import JobsSettings
 
 log = logging.getLogger("tiergate.sweep")
 
