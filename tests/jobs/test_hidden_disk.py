@@ -45,7 +45,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import SandboxSettings
+from tiergate.jobsettings import SandboxSettings
 
 settings = SandboxSettings.model_validate_json(sys.argv[2])
 out = {}

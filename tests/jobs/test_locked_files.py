@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, SandboxError
-from tiergate.settings import SandboxSettings
+from tiergate.jobsettings import SandboxSettings
 
 settings = SandboxSettings.model_validate_json(sys.argv[2])
 out = {"uid": os.geteuid()}

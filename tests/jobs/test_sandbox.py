@@ -250,7 +250,7 @@ _DELEGATED_WORKER = """
 import json, os, sys
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, probe_limits
-from tiergate.settings import SandboxSettings
+from tiergate.jobsettings import SandboxSettings
 
 settings = SandboxSettings(work_dir=sys.argv[1], cgroup_parent=sys.argv[2])
 found = probe_limits(settings)
