@@ -326,6 +326,17 @@ def _default_tiers() -> dict[Tier, PoolSettings]:
     }
 
 
+class LocalStackSettings(_Section):
+    """Where ``tiergate up``'s own job servers listen on loopback: the object store
+    (SeaweedFS), the broker (Tansu) and the worker's health and metrics. Something already
+    answering on a port is reused (a stack started earlier), so a machine that runs another
+    service there (MinIO on 9000, say) moves these."""
+
+    s3_port: int = Field(9000, ge=1, le=65535)
+    broker_port: int = Field(9092, ge=1, le=65535)
+    worker_health_port: int = Field(9400, ge=1, le=65535)
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -352,6 +363,7 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     tuning: TuningSettings = Field(default_factory=TuningSettings)
+    local: LocalStackSettings = Field(default_factory=LocalStackSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # The process's own variables (the module's docstring). ``config``: the YAML file this
     # tree was read from (TIERGATE_CONFIG; only the environment names it).

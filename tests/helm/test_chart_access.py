@@ -182,6 +182,8 @@ SECTION_VALUES: dict[str, Any] = {
     "admission": {"tiers": {"fast": {"max_concurrent": 7, "max_queue": 9}}},
     "jobs": {"caps": {"max_steps": 42}, "sandbox": {"max_processes": 99}},
     "tuning": {"min_speedup": 1.25},
+    # `tiergate up`'s own servers: meaningless in a pod, but a file may carry it.
+    "local": {"s3_port": 9001},
     "log_level": "DEBUG",
     # The process's own variables (tiergate/settings.py): a file may set them too, but the
     # config file itself is named by the pod's TIERGATE_CONFIG, and the metrics folder by
@@ -206,6 +208,7 @@ def _check_sections(settings: Settings) -> None:
     assert settings.admission.tiers["fast"].max_concurrent == 7  # type: ignore[index]
     assert settings.jobs.caps.max_steps == 42 and settings.jobs.sandbox.max_processes == 99
     assert settings.tuning.min_speedup == 1.25
+    assert settings.local.s3_port == 9001
     assert settings.log_level == "DEBUG"
     assert str(settings.cache_dir) == "/var/cache/tiergate" and settings.gpu_name == "l4-24gb"
     assert str(settings.quant_python) == "/opt/quant/bin/python"

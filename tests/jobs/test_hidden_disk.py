@@ -82,6 +82,12 @@ def test_removed_files_count_on_a_non_root_worker_too() -> None:
         os.makedirs(jobs.sandbox.work_dir, exist_ok=True)
         os.chown(jobs.sandbox.work_dir, NOBODY, NOBODY)
         settings = jobs.sandbox.model_dump_json()
-        out = run_as_nobody(_AS_WORKER, settings, json.dumps(BOMBS), home=jobs.sandbox.work_dir)
+        out = run_as_nobody(
+            _AS_WORKER,
+            settings,
+            json.dumps(BOMBS),
+            home=jobs.sandbox.work_dir,
+            cgroup_parent=jobs.sandbox.cgroup_parent,
+        )
     for name in BOMBS:
         assert LIMIT in out[name], out

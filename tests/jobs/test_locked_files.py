@@ -75,7 +75,12 @@ def test_locked_directories_hide_nothing_from_a_non_root_worker() -> None:
     with delegated(JobsSettings()) as jobs:
         os.makedirs(jobs.sandbox.work_dir, exist_ok=True)
         os.chown(jobs.sandbox.work_dir, NOBODY, NOBODY)
-        out = run_as_nobody(_AS_WORKER, jobs.sandbox.model_dump_json(), home=jobs.sandbox.work_dir)
+        out = run_as_nobody(
+            _AS_WORKER,
+            jobs.sandbox.model_dump_json(),
+            home=jobs.sandbox.work_dir,
+            cgroup_parent=jobs.sandbox.cgroup_parent,
+        )
     assert out["uid"] == NOBODY
     assert "over the job's disk limit of 16777216 bytes" in out["watch"], out
     assert out["watch_removed"], "a d-wx directory survived the cleanup"

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import shutil
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.archives import tar_of
-from tiergate.jobsettings import SandboxSettings
+from tests.jobs.unprivileged import NOBODY, V2, controller_dirs, delegated, run_as_nobody
+from tiergate.jobsettings import JobsSettings, SandboxSettings
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import LimitsUnavailable, Sandbox, SandboxError, probe_limits
 
-CGROUP_V1 = Path("/sys/fs/cgroup/memory/tasks").exists()
 REPO = Path(__file__).resolve().parents[2]
 ROOT = os.geteuid() == 0
 
@@ -139,7 +135,6 @@ def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
 
 
 def test_no_process_outlives_its_command(sandbox: Sandbox) -> None:
-    import subprocess
 
     marker = f"tiergate-outlive-{uuid.uuid4().hex[:8]}"
     result = sandbox.run(
@@ -207,10 +202,14 @@ def test_check_disk(sandbox: Sandbox) -> None:
         sandbox.check_disk(limit_bytes=1000)
 
 
-@pytest.mark.skipif(not (ROOT and CGROUP_V1), reason="needs root and cgroup v1 (as here)")
-def test_probe_limits_finds_cgroup_v1_as_root() -> None:
+@pytest.mark.skipif(not ROOT, reason="needs root (CI runs as root)")
+def test_probe_limits_finds_the_hosts_cgroup_as_root() -> None:
+    """Root finds (and makes) the parent on whichever cgroup version the host mounts."""
     found = probe_limits(SandboxSettings())
-    assert found.startswith("cgroup v1 at /sys/fs/cgroup/{memory,pids,cpu}/tiergate"), found
+    if V2:
+        assert found.startswith("cgroup v2 at /sys/fs/cgroup/tiergate"), found
+    else:
+        assert found.startswith("cgroup v1 at /sys/fs/cgroup/{memory,pids,cpu}/tiergate"), found
 
 
 def test_probe_limits_without_a_cgroup(tmp_path: Path) -> None:
@@ -250,13 +249,13 @@ _DELEGATED_WORKER = """
 import json, os, sys
 from tiergate.protocol import JobLimits
 from tiergate.sandbox import Sandbox, probe_limits
-from tiergate.jobsettings import SandboxSettings
+from tiergate.jobsettings import JobsSettings, SandboxSettings
 
-settings = SandboxSettings(work_dir=sys.argv[1], cgroup_parent=sys.argv[2])
+settings = SandboxSettings.model_validate_json(sys.argv[2])
 found = probe_limits(settings)
 box = Sandbox("delegated", JobLimits(memory_mb=96), settings)
 try:
-    made = os.path.isdir(f"/sys/fs/cgroup/memory/{sys.argv[2]}/job-delegated")
+    made = os.path.isdir(sys.argv[3])
     echo = box.run("id -u", timeout=20)
     hog = box.run("python3 -c 'b = bytearray(400 * 1024 * 1024)'", timeout=20)
     bomb = box.run("bomb() { bomb | bomb & }; bomb", timeout=5)
@@ -267,42 +266,28 @@ print(json.dumps([os.geteuid(), found, made, echo.output, hog.exit_code, after.o
 """
 
 
-@pytest.mark.skipif(not (ROOT and CGROUP_V1), reason="needs root to delegate, and cgroup v1")
+@pytest.mark.skipif(not ROOT, reason="needs root to delegate (CI runs as root)")
 def test_unprivileged_worker_with_a_delegated_parent() -> None:
-    nobody = 65534
-    parent = f"tiergate-delegated-{uuid.uuid4().hex[:8]}"
-    dirs = [Path("/sys/fs/cgroup", c, parent) for c in ("memory", "pids", "cpu")]
-    work = Path(tempfile.mkdtemp(prefix="tiergate-delegated-", dir="/tmp"))
-    try:
-        os.chown(work, nobody, nobody)
-        for path in dirs:
-            path.mkdir()
-            os.chown(path, nobody, nobody)
-        out = subprocess.run(
-            [
-                *("setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups"),
-                *(sys.executable, "-c", _DELEGATED_WORKER, str(work), parent),
-            ],
-            capture_output=True,
-            text=True,
+    """A worker as uid 65534 with a cgroup parent delegated to it (on the host's cgroup
+    version, tests/jobs/unprivileged.py): it finds the parent, makes its job's cgroup there,
+    the memory limit holds, a fork bomb stops only itself, and nothing is left behind."""
+    with delegated(JobsSettings()) as jobs:
+        sandbox = jobs.sandbox
+        dirs = controller_dirs(sandbox.cgroup_parent)
+        uid, found, made, echo, hog_exit, after = run_as_nobody(
+            _DELEGATED_WORKER,
+            sandbox.model_dump_json(),
+            str(dirs[0] / "job-delegated"),
+            home=sandbox.work_dir,
+            cgroup_parent=sandbox.cgroup_parent,
             timeout=120,
-            cwd=Path(__file__).resolve().parents[2],
-            env={"PATH": os.environ["PATH"], "HOME": str(work)},
         )
-        assert out.returncode == 0, out.stderr[-3000:]
-        uid, found, made, echo, hog_exit, after = json.loads(out.stdout.splitlines()[-1])
-        assert uid == nobody and found.startswith("cgroup v1 at") and made
-        assert echo.strip() == str(nobody)
+        assert uid == NOBODY and made
+        assert found.startswith(f"cgroup v{2 if V2 else 1} at"), found
+        assert echo.strip() == str(NOBODY)
         assert hog_exit != 0  # the delegated cgroup's memory limit held
         assert after.strip() == "alive"
         assert not any(any(path.glob("job-*")) for path in dirs)  # removed by the worker
-    finally:
-        for path in dirs:
-            for child in path.glob("job-*"):
-                child.rmdir()
-            if path.is_dir():
-                path.rmdir()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_a_ready_cgroup_v2_parent_is_found(tmp_path: Path) -> None:

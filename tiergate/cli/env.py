@@ -83,7 +83,7 @@ def _store_settings() -> JobsSettings:
 
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
-    return local_jobs_settings(settings, LocalPorts())
+    return local_jobs_settings(settings, LocalPorts.configured(settings))
 
 
 def _default_jobs() -> JobsSettings:

@@ -32,18 +32,19 @@ from tiergate.measure.ports import port_open
 from tiergate.measure.wait import wait_until
 from tiergate.settings import Settings
 
-S3_PORT = 9000
-BROKER_PORT = 9092
-WORKER_HEALTH_PORT = 9400
-
 
 @dataclass(frozen=True)
 class LocalPorts:
-    """Where the local job servers listen (tests pick free ones)."""
+    """Where the local job servers listen: the ``local`` settings (tests pick free ones)."""
 
-    s3: int = S3_PORT
-    broker: int = BROKER_PORT
-    worker_health: int = WORKER_HEALTH_PORT
+    s3: int
+    broker: int
+    worker_health: int
+
+    @classmethod
+    def configured(cls, settings: Settings) -> LocalPorts:
+        local = settings.local
+        return cls(local.s3_port, local.broker_port, local.worker_health_port)
 
 
 def local_jobs_settings(settings: Settings, ports: LocalPorts) -> JobsSettings:
@@ -141,7 +142,7 @@ def local_jobs(
     raises :class:`~tiergate.local.environment.DefaultEnvironmentFailed` if it cannot be."""
     for key, value in LOCAL_CREDENTIALS.items():
         os.environ.setdefault(key, value)
-    ports = ports or LocalPorts()
+    ports = ports or LocalPorts.configured(settings)
     jobs = local_jobs_settings(settings, ports)
     data = data or settings.cache_dir / "pipeline"
     store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", ports.s3)
