@@ -184,7 +184,9 @@ def _said(stack: Stack, *parts: str) -> Callable[[], bool]:
 
 
 def _job(base: str, job_id: str) -> dict[str, Any]:
-    got: dict[str, Any] = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
+    answer = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30)
+    assert answer.status_code == 200, f"job {job_id}: {answer.status_code} {answer.text}"
+    got: dict[str, Any] = answer.json()
     return got
 
 

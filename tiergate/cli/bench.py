@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -248,43 +248,38 @@ def bench_jobs(
     With --batch, one rollout batch across domains instead: rollouts per minute per slot,
     time to the last rollout, each domain's share of the slots; writes
     jobs-batch-bench.md/.json. Exits 1 if any job was lost, failed or run twice."""
-    if batch:
-        from tiergate.bench.jobs.batch import SHORT_BATCH, BatchBenchParams, run_batch_benchmark
+    from tiergate.bench.jobs.fleet import FleetParams
 
-        plan = BatchBenchParams(
-            domains=domains,
-            tasks_per_domain=tasks_per_domain,
-            samples=samples,
-            task_seconds=job_seconds,
+    fleet = dataclasses.asdict(
+        FleetParams(
             max_workers=max_workers,
             churn_seconds=churn_seconds,
             deadline_seconds=deadline_seconds,
         )
-        if short:
-            plan = SHORT_BATCH
-        plan = dataclasses.replace(plan, broker_restart=broker_restart, assignment=assignment)
-        _, clean = run_batch_benchmark(out, plan)
+    )
+    # Kept by --short too.
+    same: dict[str, Any] = {"broker_restart": broker_restart, "assignment": assignment}
+    if batch:
+        from tiergate.bench.jobs.batch import SHORT_BATCH, BatchBenchParams, run_batch_benchmark
+
+        plan = SHORT_BATCH
+        if not short:
+            plan = BatchBenchParams(
+                **fleet,
+                domains=domains,
+                tasks_per_domain=tasks_per_domain,
+                samples=samples,
+                task_seconds=job_seconds,
+            )
+        _, clean = run_batch_benchmark(out, dataclasses.replace(plan, **same))
         if not clean:
             raise typer.Exit(1)
         return
 
     from tiergate.bench.jobs.bench import SHORT, JobsBenchParams, run_jobs_benchmark
 
-    params = (
-        SHORT
-        if short
-        else JobsBenchParams(
-            jobs=jobs,
-            max_workers=max_workers,
-            churn_seconds=churn_seconds,
-            broker_restart=broker_restart,
-            deadline_seconds=deadline_seconds,
-            job_seconds=job_seconds,
-            assignment=assignment,
-        )
-    )
-    if short:
-        params = dataclasses.replace(SHORT, broker_restart=broker_restart, assignment=assignment)
+    params = SHORT if short else JobsBenchParams(**fleet, jobs=jobs, job_seconds=job_seconds)
+    params = dataclasses.replace(params, **same)
     _, clean = run_jobs_benchmark(out, params)
     if not clean:
         raise typer.Exit(1)

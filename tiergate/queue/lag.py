@@ -10,12 +10,14 @@ high watermark. On Kafka itself the fetch starts at the end and returns no recor
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
+
+from tiergate.jobsettings import KafkaSettings
 
 
 class LagUnavailable(Exception):
@@ -171,6 +173,18 @@ def keys_ahead(
                 keys.update(r.key.decode() for r in records if r.key)
             _drop_read_to_end(consumer, left)
         return keys
+
+
+def backlog_reader(kafka: KafkaSettings, group: str, topic: str) -> Callable[[], set[str]]:
+    """:func:`keys_ahead` of ``group`` on ``topic``, on ``kafka``'s brokers with its client
+    options, as a call (the sweeps' view of what is still in the queue)."""
+
+    def read() -> set[str]:
+        return keys_ahead(
+            kafka.bootstrap_servers, group, topic, client_options=kafka.client_options()
+        )
+
+    return read
 
 
 def records_ahead(

@@ -38,7 +38,7 @@ from tiergate.bench.jobs.batch_figures import (
 from tiergate.bench.jobs.batch_report import render
 from tiergate.bench.jobs.churn import ChurnRecord, churn
 from tiergate.bench.jobs.figures import slots_average, suspect_events, tally
-from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS
+from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS, FleetParams
 from tiergate.bench.jobs.stack import (
     JobsStack,
     fleet_figures,
@@ -59,7 +59,7 @@ from tiergate.jobsclient.sync import JobsClient
 
 
 @dataclass(frozen=True)
-class BatchBenchParams:
+class BatchBenchParams(FleetParams):
     """What one batch run does."""
 
     domains: int = 3
@@ -67,12 +67,6 @@ class BatchBenchParams:
     samples: int = 4
     task_seconds: float = 1.0  # how long a task's command runs (sleep); slow: times slow_factor
     slow_factor: float = 10.0
-    max_workers: int = 4
-    churn_seconds: float = 10.0
-    broker_restart: bool = True
-    deadline_seconds: float = 600.0
-    short: bool = False
-    assignment: str = "cooperative-sticky"
     batch_poll_seconds: float = 0.5
 
     @property

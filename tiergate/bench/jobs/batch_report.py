@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiergate.bench.jobs.report import fleet_rows
+
 
 def _n(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
@@ -50,14 +52,7 @@ def render(r: dict[str, Any]) -> str:
         f"| slots, averaged to the last rollout | {r['slots_average']} |",
         f"| throughput | {_n(r['rollouts_per_minute'])} rollouts/min, "
         f"{_n(r['rollouts_per_minute_per_slot'])} rollouts/min per slot |",
-        f"| lost (no terminal record by the deadline) | {r['lost']} |",
-        f"| failed (not completed with the verifier passed) | {r['failed']} |",
-        f"| run twice | {r['run_twice']} |",
-        f"| re-run after a worker left (more than one run; expected with drains) | "
-        f"{r['rerun_after_worker_left']} |",
-        f"| workers started / unhealthy when removed / killed after the drain | "
-        f"{r['workers_started']} / {len(r['workers_unhealthy_at_removal'])} / "
-        f"{len(r['workers_killed_after_drain'])} |",
+        *fleet_rows(r),
         "",
         f"While every domain had samples left to start (the submission to "
         f"{contention['until_s']} s), rollouts held {contention['held_slot_seconds']} of "

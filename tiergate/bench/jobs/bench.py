@@ -41,7 +41,7 @@ from tiergate.bench.jobs.figures import (
     suspect_events,
     tally,
 )
-from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS
+from tiergate.bench.jobs.fleet import CONCURRENCY, DRAIN_SECONDS, FleetParams
 from tiergate.bench.jobs.report import render
 from tiergate.bench.jobs.stack import (
     JobsStack,
@@ -57,17 +57,11 @@ from tiergate.jobs.state.store import JobStore
 
 
 @dataclass(frozen=True)
-class JobsBenchParams:
+class JobsBenchParams(FleetParams):
     """What one run does."""
 
     jobs: int = 100
-    max_workers: int = 4
-    churn_seconds: float = 10.0
-    broker_restart: bool = True
-    deadline_seconds: float = 600.0
     job_seconds: float = 1.0  # how long each job's command runs (sleep)
-    short: bool = False
-    assignment: str = "cooperative-sticky"  # jobs.kafka.assignment of the workers
 
     def command(self) -> str:
         parts = ["tiergate bench jobs"]

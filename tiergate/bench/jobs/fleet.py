@@ -23,6 +23,18 @@ DRAIN_SECONDS = 10.0
 SANDBOX_UIDS = 2  # each worker's own uid range (sandbox.uids), one uid per slot
 
 
+@dataclass(frozen=True)
+class FleetParams:
+    """What every fleet benchmark run (jobs, rollout batches) does to its workers."""
+
+    max_workers: int = 4
+    churn_seconds: float = 10.0
+    broker_restart: bool = True
+    deadline_seconds: float = 600.0
+    short: bool = False
+    assignment: str = "cooperative-sticky"  # jobs.kafka.assignment of the workers
+
+
 @dataclass
 class FleetWorker:
     """One worker process and its metrics port; ``leaving_since``: SIGTERM sent."""

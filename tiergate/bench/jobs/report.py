@@ -56,14 +56,7 @@ def render(r: dict[str, Any]) -> str:
         f"{gap['seconds']} s"
         + (f" (from {gap['from_s']} s to {gap['to_s']} s)" if gap.get("from_s") is not None else "")
         + " |",
-        f"| lost (no terminal record by the deadline) | {r['lost']} |",
-        f"| failed (not completed with the verifier passed) | {r['failed']} |",
-        f"| run twice | {r['run_twice']} |",
-        f"| re-run after a worker left (more than one run; expected with drains) | "
-        f"{r['rerun_after_worker_left']} |",
-        f"| workers started / unhealthy when removed / killed after the drain | "
-        f"{r['workers_started']} / {len(r['workers_unhealthy_at_removal'])} / "
-        f"{len(r['workers_killed_after_drain'])} |",
+        *fleet_rows(r),
         "",
     ]
     changes = ", ".join(f"{c['at_s']} s: {c['workers']}" for c in r["fleet_changes"])
@@ -78,3 +71,18 @@ def render(r: dict[str, Any]) -> str:
         rows += ["Evidence (job ids):", "", "```", *(f"{k}: {v}" for k, v in evidence.items())]
         rows += ["```", ""]
     return "\n".join(rows)
+
+
+def fleet_rows(r: dict[str, Any]) -> list[str]:
+    """The table rows every fleet run reports (jobs and batches alike): what was lost,
+    failed or run twice, and what the churn did to the workers."""
+    return [
+        f"| lost (no terminal record by the deadline) | {r['lost']} |",
+        f"| failed (not completed with the verifier passed) | {r['failed']} |",
+        f"| run twice | {r['run_twice']} |",
+        f"| re-run after a worker left (more than one run; expected with drains) | "
+        f"{r['rerun_after_worker_left']} |",
+        f"| workers started / unhealthy when removed / killed after the drain | "
+        f"{r['workers_started']} / {len(r['workers_unhealthy_at_removal'])} / "
+        f"{len(r['workers_killed_after_drain'])} |",
+    ]

@@ -38,7 +38,7 @@ from tiergate.jobs.state.store import JobStore
 from tiergate.jobs.state.sweep import Sweeper
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol.openaibatch import FINAL
-from tiergate.queue.lag import keys_ahead
+from tiergate.queue.lag import backlog_reader
 from tiergate.queue.pipeline import JobQueue
 
 log = logging.getLogger("tiergate.lines.sweep")
@@ -64,14 +64,7 @@ class ChunkSweeper:
         self._requeue_after = settings.requeue_after_seconds
         self._clock = clock
         kafka = settings.kafka
-        self._backlog = backlog or (
-            lambda: keys_ahead(
-                kafka.bootstrap_servers,
-                kafka.batch_group,
-                kafka.batch_topic,
-                client_options=kafka.client_options(),
-            )
-        )
+        self._backlog = backlog or backlog_reader(kafka, kafka.batch_group, kafka.batch_topic)
         # batch id (no batch object yet) or chunk id -> (first seen missing, re-sends seen)
         self._missing: dict[str, tuple[float, int]] = {}
 

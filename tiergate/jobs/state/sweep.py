@@ -31,7 +31,7 @@ from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import JobMessage, JobStatus
-from tiergate.queue.lag import keys_ahead
+from tiergate.queue.lag import backlog_reader
 from tiergate.queue.pipeline import JobQueue
 
 log = logging.getLogger("tiergate.sweep")
@@ -53,14 +53,7 @@ class Sweeper:
         self._requeue_after = settings.requeue_after_seconds
         self._clock = clock
         kafka = settings.kafka
-        self._backlog = backlog or (
-            lambda: keys_ahead(
-                kafka.bootstrap_servers,
-                kafka.group,
-                kafka.topic,
-                client_options=kafka.client_options(),
-            )
-        )
+        self._backlog = backlog or backlog_reader(kafka, kafka.group, kafka.topic)
         # job id -> (monotonic time its message was first found missing, resent marker)
         self._missing: dict[str, tuple[float, float | None]] = {}
 
