@@ -18,10 +18,9 @@ compared with the trajectory: the exit status, and the output in the form the sa
 captured it (a bounded head and tail); durations are recorded beside, never compared.
 
 The environment: the original's environment identity is read from the job (or its spec)
-when it has one (``environment``; "default" otherwise) and written in the report. A worker
-that names the environment it serves (``jobs.worker.environment``, where that exists)
-refuses to replay a job recorded in another one (``environment_mismatch``). A job that ran
-in a built environment (:mod:`tiergate.envs`) recorded its digest (``environment_digest``):
+when it has one (``environment``; "default" otherwise) and written in the report. Every
+worker can run every environment (it fetches the root by digest), so none refuses a replay
+for its environment's name. A job that ran in a built environment (:mod:`tiergate.envs`) recorded its digest (``environment_digest``):
 the replay runs in that same digest, fetched by digest, whatever the name points at now
 (a blob no longer stored: ``environment_not_found``), and the digest is in the report; a
 job that ran in the worker's own system (no digest) is replayed in the worker's own
@@ -68,28 +67,6 @@ def environment_of(job: Job, spec: JobCreate | None) -> str:
     return str(found) if found else "default"
 
 
-def check_environment(
-    recorded: str,
-    worker: str | None,
-    recorded_digest: str | None = None,
-    digest: str | None = None,
-) -> None:
-    """Refuse a replay on a worker that serves another environment than the original's.
-    ``worker`` None: the worker names none, i.e. it runs the one sandbox every worker runs.
-    When the original recorded a digest, the replay's root (``digest``) must be that one."""
-    if worker is not None and worker != recorded:
-        raise ReplayRefused(
-            "environment_mismatch",
-            f"the job ran in environment {recorded!r}; this worker runs {worker!r}",
-        )
-    if recorded_digest != digest:
-        raise ReplayRefused(
-            "environment_mismatch",
-            f"the job ran in environment digest {recorded_digest}; the replay would run in "
-            f"{digest}",
-        )
-
-
 def read_trajectory(store: JobStore, job_id: str) -> list[dict[str, Any]] | None:
     raw = store.read_artifact(job_id, "trajectory")
     if raw is None:
@@ -116,11 +93,11 @@ def plan_replay(
     original_id: str,
     owner: str,
     spec: JobCreate,
-    served: str | None,
 ) -> ReplayPlan:
     """Read and check what a replay of ``original_id`` for ``owner`` runs (``spec``: the
-    replay's own, used when the original's is gone; ``served``: the environment this worker
-    serves, if it names one); :class:`ReplayRefused` says why it cannot run."""
+    replay's own, used when the original's is gone): the original's environment digest,
+    which every worker can fetch while it is stored; :class:`ReplayRefused` says why it
+    cannot run."""
     original = store.final(original_id)
     if original is None or original.owner != owner:
         raise ReplayRefused("original_not_found", f"no finished job {original_id!r}")
@@ -139,7 +116,6 @@ def plan_replay(
             "environment_not_found",
             f"job {original_id} ran in environment digest {digest}, no longer stored",
         )
-    check_environment(environment, served, digest, digest)
     log = store.read_artifact(original_id, "verifier_log")
     return ReplayPlan(
         original, spec, recorded, None if log is None else log.decode(), environment, digest
@@ -149,7 +125,7 @@ def plan_replay(
 def prepare_workspace(
     store: JobStore, owner: str, spec: JobCreate, sandbox: Sandbox, disk: int
 ) -> None:
-    """The initial workspace, as :meth:`JobRunner._run` builds it for the original."""
+    """The initial workspace, as :meth:`AgentRunner.run` (tiergate.jobs.run.agentrun) builds it for the original."""
     upload = spec.workspace.upload_id
     if upload and not unpack_upload(store, owner, upload, sandbox, disk):
         raise ReplayRefused(

@@ -7,6 +7,7 @@ import logging
 import time
 from pathlib import Path
 
+from tiergate.jobs.run.context import Outcome, RunContext
 from tiergate.jobs.run.jobsandbox import (
     CancelWatch,
 )
@@ -17,7 +18,6 @@ from tiergate.jobs.run.replay import (
     plan_replay,
     prepare_workspace,
 )
-from tiergate.jobs.run.runbase import Outcome, RunnerBase
 from tiergate.jobs.state import joberrors
 from tiergate.protocol import CommandEntry, Job, JobMessage, JobStatus
 from tiergate.sandbox import Sandbox
@@ -25,12 +25,13 @@ from tiergate.sandbox import Sandbox
 log = logging.getLogger("tiergate.worker")
 
 
-class ReplayRunning(RunnerBase):
-    """The replay half of :class:`tiergate.jobs.run.runner.JobRunner`."""
+class ReplayRunner:
+    """A replay job's run, for :class:`tiergate.jobs.run.runner.JobRunner`."""
 
-    # -- a replay job (see tiergate.jobs.run.replay) --------------------------------------------
+    def __init__(self, ctx: RunContext) -> None:
+        self._ctx = ctx
 
-    def _replay(self, job: Job, message: JobMessage) -> Outcome:
+    def run(self, job: Job, message: JobMessage) -> Outcome:
         """Run the original's recorded commands again; the report goes in ``job.replay``
         (and so in the terminal record, the ``result`` artifact), the replayed trajectory,
         verifier log and workspace are the replay's own artifacts. A replay that cannot run
@@ -40,24 +41,23 @@ class ReplayRunning(RunnerBase):
         job.kind, job.replay_of = "replay", original_id
         try:
             plan = plan_replay(
-                self._store,
-                self._registry,
+                self._ctx.store,
+                self._ctx.registry,
                 original_id,
                 message.owner,
                 message.spec,
-                getattr(self._settings.worker, "environment", None),
             )
         except ReplayRefused as exc:
-            self._end(
+            self._ctx.end(
                 job,
                 JobStatus.FAILED,
                 exc.code,
                 error={"code": exc.code, "message": joberrors.scrub(str(exc))},
             )
             return "finished"
-        root = None if plan.digest is None else self._fetch_environment(plan.digest)
+        root = None if plan.digest is None else self._ctx.fetch_environment(plan.digest)
         if plan.digest is not None:
-            self._jobs.ran_in(job, plan.digest)
+            self._ctx.jobs.ran_in(job, plan.digest)
         return self._run_replay(job, message, plan, root)
 
     def _run_replay(
@@ -65,20 +65,22 @@ class ReplayRunning(RunnerBase):
     ) -> Outcome:
         spec = plan.spec
         disk = spec.limits.disk_mb * 1024 * 1024
-        sandbox = Sandbox(self._early.name(job.id), spec.limits, self._settings.sandbox, root=root)
-        self._sandbox = sandbox
+        sandbox = Sandbox(
+            self._ctx.early.name(job.id), spec.limits, self._ctx.settings.sandbox, root=root
+        )
+        self._ctx.sandbox = sandbox
         watch = CancelWatch(
-            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
+            self._ctx.store, job.id, sandbox, self._ctx.settings.worker.cancel_poll_seconds
         ).start()
         cancelled = watch.cancelled
 
         def on_step(entry: CommandEntry) -> None:
-            self._metrics.observe_sandbox("command", float(entry["seconds"]))
-            self._jobs.step(job, entry)
-            self._check_abandon()
+            self._ctx.metrics.observe_sandbox("command", float(entry["seconds"]))
+            self._ctx.jobs.step(job, entry)
+            self._ctx.check_abandon()
 
         try:
-            prepare_workspace(self._store, message.owner, spec, sandbox, disk)
+            prepare_workspace(self._ctx.store, message.owner, spec, sandbox, disk)
             run = Replay(
                 sandbox=sandbox,
                 spec=spec,
@@ -91,18 +93,18 @@ class ReplayRunning(RunnerBase):
                 cancelled=cancelled.is_set,
                 on_step=on_step,
             ).run()
-            self._check_abandon()
+            self._ctx.check_abandon()
             job.steps = len(run.report.steps)
             job.replay = run.report
-            self._store_artifacts(job, sandbox, run.trajectory, run.verifier_log)
+            self._ctx.store_artifacts(job, sandbox, run.trajectory, run.verifier_log)
             if run.cancelled or cancelled.is_set():
-                self._end(job, JobStatus.CANCELLED, "cancelled")
+                self._ctx.end(job, JobStatus.CANCELLED, "cancelled")
                 return "finished"
             if run.result is not None:
-                self._jobs.verified(job, run.result)
-            self._end(job, JobStatus.COMPLETED, "ok")
+                self._ctx.jobs.verified(job, run.result)
+            self._ctx.end(job, JobStatus.COMPLETED, "ok")
             return "finished"
         finally:
             watch.stop()
             sandbox.close()
-            self._sandbox = None
+            self._ctx.sandbox = None

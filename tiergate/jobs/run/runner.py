@@ -28,28 +28,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from tiergate.envs.registry import Registered
-from tiergate.jobs.run.agent import AgentLoop, ModelRefused, ModelUnavailable
-from tiergate.jobs.run.jobsandbox import (
-    CancelWatch,
-    read_reward,
-    unpack_upload,
-    verifier_verdict,
-)
-from tiergate.jobs.run.pickup import Pickup, read_pickup
-from tiergate.jobs.run.replayrun import ReplayRunning
-from tiergate.jobs.run.runbase import (
+from tiergate.jobs.run.agent import ModelClient, ModelRefused, ModelUnavailable
+from tiergate.jobs.run.agentrun import AgentRunner
+from tiergate.jobs.run.context import (
     ENDED,
     Abandoned,
     EnvironmentNotFound,
+    Finished,
     Outcome,
+    RunContext,
 )
+from tiergate.jobs.run.observe import WorkerMetrics
+from tiergate.jobs.run.pickup import Pickup, read_pickup
+from tiergate.jobs.run.replayrun import ReplayRunner
 from tiergate.jobs.state import joberrors
-from tiergate.jobs.state.lease import Fenced, Held, RunLease
-from tiergate.jobs.state.store import StorageError
-from tiergate.protocol import CommandEntry, Job, JobMessage, JobResult, JobStatus, TrajectoryEntry
-from tiergate.queue.pipeline import QueueUnavailable
+from tiergate.jobs.state.breaker import BreakerBoard
+from tiergate.jobs.state.lease import Fenced, Held, Leases, RunLease
+from tiergate.jobs.state.share import FleetShare
+from tiergate.jobs.state.store import JobStore, StorageError
+from tiergate.jobsettings import JobsSettings
+from tiergate.protocol import Job, JobMessage, JobStatus
+from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 from tiergate.sandbox import SandboxError
 
 log = logging.getLogger("tiergate.worker")
@@ -57,30 +59,72 @@ log = logging.getLogger("tiergate.worker")
 __all__ = ["Abandoned", "EnvironmentNotFound", "JobRunner", "Outcome"]
 
 
-class JobRunner(ReplayRunning):
-    """Runs jobs for one worker slot; ``abandon()`` may be called from another thread."""
+class JobRunner:
+    """Runs jobs for one worker slot; ``abandon()`` may be called from another thread.
+    Composed: the slot's :class:`RunContext` (collaborators, the run in progress), an
+    :class:`AgentRunner` and a :class:`ReplayRunner` on it; this class picks jobs up, holds
+    their run leases and decides how failures end them."""
+
+    def __init__(
+        self,
+        settings: JobsSettings,
+        store: JobStore,
+        queue: JobQueue,
+        model_client: Callable[[JobMessage], ModelClient] | None = None,
+        on_finished: Finished = lambda status, reason: None,
+        metrics: WorkerMetrics | None = None,
+        breakers: BreakerBoard | None = None,
+        leases: Leases | None = None,
+        share: FleetShare | None = None,
+    ) -> None:
+        self._ctx = RunContext(
+            settings,
+            store,
+            queue,
+            model_client,
+            on_finished=on_finished,
+            metrics=metrics,
+            breakers=breakers,
+            leases=leases,
+            share=share,
+        )
+        self._agent = AgentRunner(self._ctx)
+        self._replay = ReplayRunner(self._ctx)
+
+    @property
+    def picked_up(self) -> float:
+        """Wall-clock time the last job's message was picked up (tiergate bench sandbox)."""
+        return self._ctx.picked_up
+
+    @property
+    def first_spawn(self) -> float | None:
+        """Wall-clock time the last job's first command spawned (None: none ran)."""
+        return self._ctx.first_spawn
+
+    def abandon(self) -> None:
+        self._ctx.abandon()
 
     def process(self, message: JobMessage, early: bool = True) -> Outcome:
         """Pick the job up and run it; ``early=False``: a message tried again (its run was
         held elsewhere), whose sandbox is not made ahead of knowing it is to run."""
-        self.picked_up, self.first_spawn = time.time(), None
+        self._ctx.picked_up, self._ctx.first_spawn = time.time(), None
         if early:
-            self._early.make(message)
+            self._ctx.early.make(message)
         try:
             return self._pickup(message)
         except Fenced as exc:
             log.warning("%s: it stops here and writes nothing more", exc)
             return "fenced"
         finally:
-            self._early.drop()
+            self._ctx.early.drop()
 
     def _pickup(self, message: JobMessage) -> Outcome:
-        reads = read_pickup(self._store, self._registry, self._breakers, message)
+        reads = read_pickup(self._ctx.store, self._ctx.registry, self._ctx.breakers, message)
         final, current = reads.final, reads.current
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
             # stream must still end, so the event is written now.
-            self._jobs.ensure_terminal_event(final)
+            self._ctx.jobs.ensure_terminal_event(final)
             log.info("job %s already finished; redelivery skipped", message.id)
             return "skipped"
         if current is None or current.owner != message.owner or reads.spec != message.spec:
@@ -98,11 +142,11 @@ class JobRunner(ReplayRunning):
                 message.attempt,
             )
             return "skipped"
-        why = self._share.admit(message.owner, message.id)
+        why = self._ctx.share.admit(message.owner, message.id)
         if why is not None and current.status is JobStatus.QUEUED:
             return self._wait_for_share(current, message, why)
         try:
-            taken = self._leases.take(message.id, self._holder)
+            taken = self._ctx.leases.take(message.id, self._ctx.holder)
             if isinstance(taken, Held):
                 log.info(
                     "job %s: run %d is held by a live lease elsewhere", message.id, taken.epoch
@@ -110,48 +154,48 @@ class JobRunner(ReplayRunning):
                 return "held"
             return self._leased_run(message, reads, taken)
         finally:
-            self._share.ended(message.owner, message.id)
+            self._ctx.share.ended(message.owner, message.id)
 
     def _leased_run(self, message: JobMessage, reads: Pickup, taken: RunLease) -> Outcome:
-        taken.on_fenced = self._fenced
-        self._lease = taken
-        self._jobs.fence(message.id, taken.check)
+        taken.on_fenced = self._ctx.fenced
+        self._ctx.lease = taken
+        self._ctx.jobs.fence(message.id, taken.check)
         outcome: Outcome = "fenced"
         try:
             outcome = self._leased(message, reads, taken)
             return outcome
         finally:
-            self._jobs.fence(message.id, None)
-            self._lease = None
+            self._ctx.jobs.fence(message.id, None)
+            self._ctx.lease = None
             if outcome not in ENDED:
                 taken.release()
-            self._leases.done(taken)
+            self._ctx.leases.done(taken)
 
     def _leased(self, message: JobMessage, reads: Pickup, lease: RunLease) -> Outcome:
         environment = message.spec.environment
         current = reads.current
         if current is not None and reads.cancel_requested.result():
-            self._end(current, JobStatus.CANCELLED, "cancelled")
+            self._ctx.end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        admission = self._breakers.admit(environment, message.id, reads.breaker)
+        admission = self._ctx.breakers.admit(environment, message.id, reads.breaker)
         if not admission.allowed:
             # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
             # dead-lettered like other failures, so it can be sent again once it works.
-            job = current or self._jobs.new_job(message.id, message.owner, message.spec)
-            self._metrics.failed_fast(environment)
-            self._end(
+            job = current or self._ctx.jobs.new_job(message.id, message.owner, message.spec)
+            self._ctx.metrics.failed_fast(environment)
+            self._ctx.end(
                 job,
                 JobStatus.FAILED,
                 "environment_unavailable",
                 error={"code": "environment_unavailable", "message": admission.message},
             )
-            self._dead_letter(message)
+            self._ctx.dead_letter(message)
             return "dead"
-        deliveries = self._store.record_delivery(message.id, reads.deliveries)
-        max_attempts = self._settings.worker.max_attempts
+        deliveries = self._ctx.store.record_delivery(message.id, reads.deliveries)
+        max_attempts = self._ctx.settings.worker.max_attempts
         if deliveries > max_attempts:
-            job = current or self._jobs.new_job(message.id, message.owner, message.spec)
-            self._end(
+            job = current or self._ctx.jobs.new_job(message.id, message.owner, message.spec)
+            self._ctx.end(
                 job,
                 JobStatus.FAILED,
                 "crashed_workers",
@@ -161,7 +205,7 @@ class JobRunner(ReplayRunning):
                     f"(max_attempts={max_attempts}): the job stops the worker that runs it",
                 },
             )
-            self._dead_letter(message)
+            self._ctx.dead_letter(message)
             return "dead"
         # The environment's name is resolved before the job is marked in progress, so that
         # its digest goes in that same write; a failure to resolve it is raised below, where
@@ -175,27 +219,30 @@ class JobRunner(ReplayRunning):
         digest = lookup.digest if isinstance(lookup, Registered) else None
         # Marked in progress in the background, while the sandbox is made and the first
         # command spawns; the job's next write waits for it (JobLifecycle.settle).
-        job = self._jobs.start(
+        job = self._ctx.jobs.start(
             message,
             deliveries,
             environment_digest=digest,
-            current=current or self._jobs.new_job(message.id, message.owner, message.spec),
+            current=current or self._ctx.jobs.new_job(message.id, message.owner, message.spec),
             last_sequence=reads.last_event,
             wait=False,
             run=lease.epoch,
         )
-        self._verdict = ("neutral", "")
+        self._ctx.verdict = ("neutral", "")
         abandoned = False
         try:
             if isinstance(lookup, Exception):
                 raise lookup
-            return self._run(job, message, lookup)
+            if job.replay_of or message.replay_of:
+                self._ctx.early.drop()  # a replay's sandbox has the same name: made afresh
+                return self._replay.run(job, message)
+            return self._agent.run(job, message, lookup)
         except Fenced:
             abandoned = True  # the run that took over judges the environment
             raise
         except Abandoned:
             abandoned = True  # it runs again (the probe too, if it was one): no verdict
-            self._store.forget_delivery(message.id, deliveries)
+            self._ctx.store.forget_delivery(message.id, deliveries)
             return "abandoned"
         except (ModelUnavailable, StorageError) as exc:
             return self._transient(job, message, exc)
@@ -214,141 +261,31 @@ class JobRunner(ReplayRunning):
             else:
                 log.info("job %s failed (%s): %s", job.id, reason, exc)
                 message_text = joberrors.scrub(str(exc))
-            self._end(
+            self._ctx.end(
                 job, JobStatus.FAILED, reason, error={"code": reason, "message": message_text}
             )
-            self._dead_letter(message)
+            self._ctx.dead_letter(message)
             return "dead"
         finally:
-            self._jobs.settle(message.id, quiet=True)
+            self._ctx.jobs.settle(message.id, quiet=True)
             if not abandoned:
-                self._judge(environment, message.id, message.owner)
-
-    def _run(self, job: Job, message: JobMessage, entry: Registered | None = None) -> Outcome:
-        if job.replay_of or message.replay_of:
-            self._early.drop()  # a replay's sandbox has the same name: made afresh
-            return self._replay(job, message)
-        spec = message.spec
-        deadline = time.monotonic() + spec.limits.timeout_seconds
-        disk = spec.limits.disk_mb * 1024 * 1024
-        root = self._environment(spec.environment, entry)
-        try:
-            sandbox = self._early.take(job.id, spec.limits, root)
-        except SandboxError as exc:
-            self._verdict = ("sandbox_start", str(exc))
-            raise
-        self._sandbox = sandbox
-        watch = CancelWatch(
-            self._store, job.id, sandbox, self._settings.worker.cancel_poll_seconds
-        ).start()
-        cancelled = watch.cancelled
-        trajectory: list[TrajectoryEntry] = []
-        model = self._model_client(message)
-        try:
-            if spec.workspace.upload_id and not unpack_upload(
-                self._store, message.owner, spec.workspace.upload_id, sandbox, disk
-            ):
-                raise SandboxError("the workspace upload no longer exists")
-            sandbox.write_files(spec.workspace.files or {})
-            sandbox.check_disk(disk)
-            for command in spec.setup:
-                with self._metrics.sandbox("setup"):
-                    result = sandbox.run(command, timeout=max(1.0, deadline - time.monotonic()))
-                trajectory.append(
-                    {
-                        "type": "setup",
-                        "command": command,
-                        "exit_code": result.exit_code,
-                        "output": result.output,
-                    }
-                )
-                self._check_abandon()
-                sandbox.check_disk(disk)
-                if result.exit_code != 0:
-                    self._verdict = ("setup", f"exit {result.exit_code}: {command[:100]}")
-                    raise SandboxError(f"setup command failed ({result.exit_code}): {command}")
-
-            mark = [time.monotonic()]
-
-            def on_step(entry: CommandEntry) -> None:
-                self._metrics.observe_sandbox("command", float(entry["seconds"]))
-                self._metrics.observe_step(time.monotonic() - mark[0])
-                mark[0] = time.monotonic()
-                self._jobs.step(job, entry)
-                sandbox.check_disk(disk)
-
-            run = AgentLoop(
-                model=model,
-                sandbox=sandbox,
-                instruction=spec.instruction,
-                max_steps=spec.limits.max_steps,
-                deadline=deadline,
-                protocol=self._settings.worker.protocol,
-                cancelled=cancelled.is_set,
-                on_step=on_step,
-            ).run()
-            trajectory += run.trajectory
-            job.steps = run.steps
-            self._check_abandon()
-            if run.stop == "cancelled" or cancelled.is_set():
-                self._store_artifacts(job, sandbox, trajectory, None)
-                self._end(job, JobStatus.CANCELLED, "cancelled")
-                return "finished"
-            verifier_log = None
-            if spec.verifier is not None:
-                # On a copy of the agent's workspace without its reward file, with the
-                # workspace off Python's import path (see tiergate.sandbox.sandbox); the
-                # artifact keeps the agent's workspace.
-                sandbox.prepare_verifier(spec.verifier.reward_file)
-                with self._metrics.sandbox("verifier"):
-                    result = sandbox.run(
-                        spec.verifier.command, spec.verifier.timeout_seconds, verifier=True
-                    )
-                verifier_log = result.output
-                self._verdict = verifier_verdict(
-                    result.exit_code, result.timed_out, cancelled.is_set()
-                )
-                sandbox.check_disk(disk, verifier=True)
-                reward = read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
-                self._jobs.verified(
-                    job,
-                    JobResult(
-                        passed=result.exit_code == 0 and (reward is None or reward > 0),
-                        reward=reward,
-                        verifier_exit_code=result.exit_code,
-                    ),
-                )
-            self._check_abandon()
-            self._store_artifacts(job, sandbox, trajectory, verifier_log)
-            if run.stop in ("max_steps", "timeout"):
-                self._end(job, JobStatus.INCOMPLETE, run.stop, incomplete=run.stop)
-            else:
-                if self._verdict[0] == "neutral":
-                    self._verdict = ("ok", "")
-                self._end(job, JobStatus.COMPLETED, "ok")
-            return "finished"
-        finally:
-            self.first_spawn = sandbox.first_spawn
-            watch.stop()
-            model.close()
-            sandbox.close()
-            self._sandbox = None
+                self._ctx.judge(environment, message.id, message.owner)
 
     def _wait_for_share(self, job: Job, message: JobMessage, why: str) -> Outcome:
         """Its key holds its share of the fleet while others wait: back in the queue
         through the retry topic (no attempt counted), the reason on its record."""
-        delay = self._settings.fleet_share_retry_seconds
-        self._queue.retry_later(message.model_copy(update={"not_before": time.time() + delay}))
-        self._jobs.waiting(job, why)
+        delay = self._ctx.settings.fleet_share_retry_seconds
+        self._ctx.queue.retry_later(message.model_copy(update={"not_before": time.time() + delay}))
+        self._ctx.jobs.waiting(job, why)
         log.info("job %s: %s", message.id, why)
         return "waiting"
 
     # -- failure ----------------------------------------------------------------------------
 
     def _transient(self, job: Job, message: JobMessage, exc: Exception) -> Outcome:
-        if self._lease is not None:
-            self._lease.check()  # a fenced run schedules no retry
-        worker = self._settings.worker
+        if self._ctx.lease is not None:
+            self._ctx.lease.check()  # a fenced run schedules no retry
+        worker = self._ctx.settings.worker
         log.warning("job %s attempt %d failed: %s", job.id, message.attempt, exc)
         if isinstance(exc, ModelUnavailable):
             said = f"the model endpoint was unavailable ({joberrors.scrub(str(exc))})"
@@ -360,13 +297,13 @@ class JobRunner(ReplayRunning):
                 update={"attempt": message.attempt + 1, "not_before": time.time() + delay}
             )
             try:
-                self._queue.retry_later(retry)
-                self._jobs.retrying(job, message.attempt, delay, said)
+                self._ctx.queue.retry_later(retry)
+                self._ctx.jobs.retrying(job, message.attempt, delay, said)
                 return "retry"
             except (QueueUnavailable, StorageError) as again:
                 log.error("job %s could not be scheduled for retry: %s", job.id, again)
                 raise
-        self._end(
+        self._ctx.end(
             job,
             JobStatus.FAILED,
             "transient_failures",
@@ -375,7 +312,7 @@ class JobRunner(ReplayRunning):
                 "message": f"gave up after {message.attempt} attempts: {said}",
             },
         )
-        self._dead_letter(message)
+        self._ctx.dead_letter(message)
         return "dead"
 
 

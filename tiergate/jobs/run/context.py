@@ -1,7 +1,13 @@
 """What every run of a job needs, agent or replay: its collaborators (store, queue,
-lifecycle, breakers, leases, environment cache, the sandbox made at pickup), and the small
-steps they share (ending the job, telling the breaker, fetching the environment, storing
-artifacts, abandoning). :class:`tiergate.jobs.run.runner.JobRunner` is what runs a job."""
+lifecycle, breakers, leases, environment cache, the sandbox made at pickup), the state of
+the run in progress (its sandbox, lease, what it says of its environment), and the small
+steps they share (ending the job, telling the breaker, resolving and fetching the
+environment, storing artifacts, abandoning).
+
+One :class:`RunContext` per worker slot, handed to the pieces a slot is composed of:
+:class:`tiergate.jobs.run.runner.JobRunner` (pickup, lease, failures),
+:class:`tiergate.jobs.run.agentrun.AgentRunner` (an agent job's run) and
+:class:`tiergate.jobs.run.replayrun.ReplayRunner` (a replay's)."""
 
 from __future__ import annotations
 
@@ -48,9 +54,9 @@ class EnvironmentNotFound(Exception):
     """The job names an environment that is not registered."""
 
 
-class RunnerBase:
-    """The runner's collaborators and shared steps; ``abandon()`` may be called from another
-    thread."""
+class RunContext:
+    """One slot's collaborators, its run in progress and their shared steps; ``abandon()``
+    may be called from another thread."""
 
     def __init__(
         self,
@@ -64,74 +70,74 @@ class RunnerBase:
         leases: Leases | None = None,
         share: FleetShare | None = None,
     ) -> None:
-        self._settings = settings
-        self._store = store
-        self._queue = queue
-        self._jobs = JobLifecycle(store)
-        self._model_client = model_client or self._default_client
-        self._on_finished = on_finished
-        self._metrics = metrics or WorkerMetrics()
-        self._abandon = threading.Event()
-        self._sandbox: Sandbox | None = None
+        self.settings = settings
+        self.store = store
+        self.queue = queue
+        self.jobs = JobLifecycle(store)
+        self.model_client = model_client or self._default_client
+        self.on_finished = on_finished
+        self.metrics = metrics or WorkerMetrics()
+        self.abandoned = threading.Event()
+        self.sandbox: Sandbox | None = None
         # The environment's circuit breaker (tiergate.jobs.state.breaker), shared by all workers
         # through the store; _run leaves what the job said about its environment here.
-        self._breakers = breakers or BreakerBoard(store, settings, self._metrics)
-        self._verdict: tuple[FailureKind, str] = ("neutral", "")
-        self._registry = Registry(store.objects)
-        self._envs = EnvCache(Path(settings.sandbox.cache_dir), self._registry)
+        self.breakers = breakers or BreakerBoard(store, settings, self.metrics)
+        self.verdict: tuple[FailureKind, str] = ("neutral", "")
+        self.registry = Registry(store.objects)
+        self.envs = EnvCache(Path(settings.sandbox.cache_dir), self.registry)
         # Wall-clock times of the last job: its message picked up, its first command's
         # process spawned (None: none ran) (tiergate bench sandbox).
         self.picked_up = 0.0
         self.first_spawn: float | None = None
-        self._early = EarlySandbox(settings.sandbox)
-        self._leases = leases or store.leases(settings.worker.lease_seconds)
+        self.early = EarlySandbox(settings.sandbox)
+        self.leases = leases or store.leases(settings.worker.lease_seconds)
         # Each key's share of the fleet (one per worker, its slots' runners share it).
-        self._share = share or FleetShare(
+        self.share = share or FleetShare(
             store, settings.fleet_share, settings.fleet_share_refresh_seconds
         )
-        self._holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
-        self._lease: RunLease | None = None
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{settings.sandbox.uid}"
+        self.lease: RunLease | None = None
         # jobs.worker.api_key_file (read again when it changes) or jobs.worker.api_key.
-        self._worker_key = WorkerKey(settings.worker.api_key, settings.worker.api_key_file)
+        self.worker_key = WorkerKey(settings.worker.api_key, settings.worker.api_key_file)
 
     def _default_client(self, message: JobMessage) -> ModelClient:
         return ModelClient(
-            self._settings.gateway_url,
+            self.settings.gateway_url,
             message.spec.model,
             message.spec.service_tier,
-            self._worker_key,
+            self.worker_key,
             on_behalf_of=message.owner,
         )
 
     def abandon(self) -> None:
-        self._abandon.set()
-        if self._sandbox is not None:
-            self._sandbox.kill()
+        self.abandoned.set()
+        if self.sandbox is not None:
+            self.sandbox.kill()
 
-    def _fenced(self) -> None:
+    def fenced(self) -> None:
         """Another pickup took this run over (called from the lease keeper's thread)."""
-        sandbox = self._sandbox
+        sandbox = self.sandbox
         if sandbox is not None:
             sandbox.kill()
 
-    def _end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
-        final = self._jobs.finish(job, status, **kwargs)
-        self._on_finished(final.status.value, reason)
+    def end(self, job: Job, status: JobStatus, reason: str, **kwargs: Any) -> Job:
+        final = self.jobs.finish(job, status, **kwargs)
+        self.on_finished(final.status.value, reason)
         return final
 
     # -- the job ----------------------------------------------------------------------------
 
-    def _judge(self, environment: str, job_id: str, owner: str) -> None:
+    def judge(self, environment: str, job_id: str, owner: str) -> None:
         """Tell the breaker what the job said about its environment; a failure to do so
         does not change the job's ending (a lost probe verdict is taken over, see
         tiergate.jobs.state.breaker)."""
-        verdict, detail = self._verdict
+        verdict, detail = self.verdict
         try:
-            self._breakers.record(environment, job_id, verdict, detail, owner=owner)
+            self.breakers.record(environment, job_id, verdict, detail, owner=owner)
         except StorageError as exc:
             log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
 
-    def _environment(self, name: str, entry: Registered | None) -> Path | None:
+    def environment_root(self, name: str, entry: Registered | None) -> Path | None:
         """The root the job runs in: a registered name's unpacked root (its digest was
         recorded on the job when it started); "default" unregistered: None, the worker's
         own system."""
@@ -141,30 +147,30 @@ class RunnerBase:
             raise EnvironmentNotFound(
                 f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
             )
-        return self._fetch_environment(entry.digest)
+        return self.fetch_environment(entry.digest)
 
-    def _fetch_environment(self, digest: str) -> Path:
+    def fetch_environment(self, digest: str) -> Path:
         try:
-            return self._envs.get(digest)
+            return self.envs.get(digest)
         except (SandboxError, StorageError) as exc:
-            self._verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
+            self.verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
             raise
 
-    def _check_abandon(self) -> None:
-        if self._abandon.is_set():
+    def check_abandon(self) -> None:
+        if self.abandoned.is_set():
             raise Abandoned
 
-    def _store_artifacts(
+    def store_artifacts(
         self,
         job: Job,
         sandbox: Sandbox,
         trajectory: list[TrajectoryEntry],
         verifier_log: str | None,
     ) -> None:
-        store_artifacts(self._store, job.id, sandbox, trajectory, verifier_log, job.run)
+        store_artifacts(self.store, job.id, sandbox, trajectory, verifier_log, job.run)
 
-    def _dead_letter(self, message: JobMessage) -> None:
+    def dead_letter(self, message: JobMessage) -> None:
         try:
-            self._queue.dead_letter(message)
+            self.queue.dead_letter(message)
         except QueueUnavailable as exc:
             log.error("job %s: dead-letter topic unavailable: %s", message.id, exc)
