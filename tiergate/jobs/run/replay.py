@@ -20,11 +20,12 @@ captured it (a bounded head and tail); durations are recorded beside, never comp
 The environment: the original's environment identity is read from the job (or its spec)
 when it has one (``environment``; "default" otherwise) and written in the report. Every
 worker can run every environment (it fetches the root by digest), so none refuses a replay
-for its environment's name. A job that ran in a built environment (:mod:`tiergate.envs`) recorded its digest (``environment_digest``):
-the replay runs in that same digest, fetched by digest, whatever the name points at now
-(a blob no longer stored: ``environment_not_found``), and the digest is in the report; a
-job that ran in the worker's own system (no digest) is replayed in the worker's own
-system, even if a "default" environment was registered since.
+for its environment's name. A job that ran in a built environment (:mod:`tiergate.envs`)
+recorded its digest (``environment_digest``): the replay runs in that same digest, fetched
+by digest, whatever the name points at now (a blob no longer stored:
+``environment_not_found``), and the digest is in the report; a job that ran in the
+worker's own system (no digest) is replayed in the worker's own system, even if a
+"default" environment was registered since.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def plan_replay(
 def prepare_workspace(
     store: JobStore, owner: str, spec: JobCreate, sandbox: Sandbox, disk: int
 ) -> None:
-    """The initial workspace, as :meth:`AgentRunner.run` (tiergate.jobs.run.agentrun) builds it for the original."""
+    """The initial workspace, as :meth:`tiergate.jobs.run.agentrun.AgentRunner.run` builds
+    it for the original."""
     upload = spec.workspace.upload_id
     if upload and not unpack_upload(store, owner, upload, sandbox, disk):
         raise ReplayRefused(
