@@ -403,6 +403,7 @@ class ObjectStore:
             with os.fdopen(fd, "wb") as out:
                 for chunk in got["Body"].iter_chunks(1024 * 1024):
                     out.write(chunk)
+                    self._count(read_bytes=len(chunk))
             return True
 
         return self._call("read", get)

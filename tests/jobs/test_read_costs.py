@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
@@ -179,3 +180,87 @@ def test_a_batch_streams_polls_read_its_state_again_only_when_it_changed(s3: str
     other, meter = store.objects.metered(batches.state_reader("o", "batch_x"))
     assert other is not None and meter.read_bytes > 200_000
     assert batches.state_reader("o", "batch_gone")() is None
+
+
+def _chat_lines(count: int) -> bytes:
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            }
+        )
+        + b"\n"
+        for i in range(count)
+    )
+
+
+def test_polling_files_and_batches_is_held_to_the_same_read_budget(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """The Files and Batch APIs' reads (a file, its content, the lists, a batch) cost the
+    key's read budget as the jobs' reads do: a key downloading a file in a loop gets 429
+    ``read_rate_limited``, its other reads of files and batches too, and another key's go
+    on."""
+    keys = tenants("mallory", "alice")
+    mallory, alice = keys.headers("mallory"), keys.headers("alice")
+    with jobs_stack(
+        broker, s3, model, tmp_path, auth=keys.auth, jobs={"read_units_per_minute": 600}
+    ) as stack:  # no worker: the batch stays in progress
+        files = f"{stack.base}/v1/files"
+        # 2,000 lines of ~150 bytes: some 300 KB, about 40 units a download.
+        body = {"purpose": "batch"}
+        upload = {"file": ("in.jsonl", _chat_lines(2000))}
+        created = httpx.post(files, data=body, files=upload, headers=mallory, timeout=60)
+        assert created.status_code == 200, created.text
+        file_id = created.json()["id"]
+        batch = httpx.post(
+            f"{stack.base}/v1/batches",
+            json={
+                "input_file_id": file_id,
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+            headers=mallory,
+            timeout=60,
+        )
+        assert batch.status_code == 200, batch.text
+        theirs = httpx.post(files, data=body, files=upload, headers=alice, timeout=60)
+        assert theirs.status_code == 200, theirs.text
+
+        refused: httpx.Response | None = None
+        for n in range(200):  # noqa: B007 (n is read after the loop)
+            resp = httpx.get(f"{files}/{file_id}/content", headers=mallory, timeout=60)
+            if resp.status_code == 429:
+                refused = resp
+                break
+            assert resp.status_code == 200 and len(resp.content) > 250_000, resp.text
+        assert refused is not None, "200 downloads of 300 KB, none refused"
+        assert n <= 40, f"refused after {n} downloads"
+        assert refused.json()["error"]["code"] == "read_rate_limited"
+        assert int(refused.headers["retry-after"]) >= 1
+
+        # Its other reads of files and batches wait on the same budget: right after a
+        # download it could afford again (the bucket refills 10 units a second; the
+        # download costs some 40), each is refused.
+        def download() -> bool:
+            got = httpx.get(f"{files}/{file_id}/content", headers=mallory, timeout=60)
+            return got.status_code == 200
+
+        for path in (
+            "/v1/files",
+            f"/v1/files/{file_id}",
+            "/v1/batches",
+            f"/v1/batches/{batch.json()['id']}",
+        ):
+            eventually(download, 30, 0.5, what="a download allowed again")
+            got = httpx.get(f"{stack.base}{path}", headers=mallory)
+            assert got.status_code == 429, (path, got.status_code, got.text)
+            assert got.json()["error"]["code"] == "read_rate_limited", path
+        # The other key's are not touched.
+        their_id = theirs.json()["id"]
+        assert httpx.get(f"{files}/{their_id}/content", headers=alice).status_code == 200
+        assert httpx.get(files, headers=alice).status_code == 200
+        assert httpx.get(f"{stack.base}/v1/batches", headers=alice).status_code == 200

@@ -32,7 +32,7 @@ from starlette.responses import Response
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.uploads import Storage
+from tiergate.gateway.jobs.uploads import Reads, Storage
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.lines.finalize import Finalizer, public
 from tiergate.jobs.lines.store import LineBatchStore, chunk_message, new_batch_id
@@ -160,6 +160,7 @@ class BatchAPI:
         queue: JobQueue,
         gatekeeper: Gatekeeper,
         storage: Storage,
+        reads: Reads,
         max_body_bytes: int,
         chars_per_token: float,
     ) -> None:
@@ -169,6 +170,9 @@ class BatchAPI:
         self._queue = queue
         self._gatekeeper = gatekeeper
         self._storage = storage
+        # A key's reads of its batches (one, the list): charged to its read budget, as its
+        # reads of jobs are (tiergate.gateway.access.readcost).
+        self._reads = reads
         self._max_body = max_body_bytes
         self._chars = chars_per_token
         self._finalizer = Finalizer(lines, files, settings)
@@ -303,7 +307,7 @@ class BatchAPI:
     async def _current(self, caller: Caller, batch_id: str) -> dict[str, Any]:
         if not _BATCH_ID.fullmatch(batch_id):
             raise _not_found(batch_id)
-        batch = await self._storage(self._finalizer.current, caller.owner, batch_id)
+        batch = await self._reads(caller, self._finalizer.current, caller.owner, batch_id)
         if batch is None:
             raise _not_found(batch_id)
         return dict(batch)
@@ -329,24 +333,30 @@ class BatchAPI:
                 return _json(public(stored))
         raise OpenAIError(409, "The batch is changing; retry.", code="conflict")
 
-    async def list(self, request: Request, after: str | None, limit: int) -> Response:
-        """Newest first, as OpenAI lists batches."""
-        caller = self._caller(request)
-        ids: list[str] = await self._storage(self._lines.ids, caller.owner)
+    def _page(self, owner: str, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        """A page of the owner's batches, newest first (one metered read), and whether more
+        follow."""
+        ids = self._lines.ids(owner)
         ids.reverse()
         if after is not None:
             ids = [i for i in ids if i < after]
         data = []
         for batch_id in ids[:limit]:
-            batch = await self._storage(self._finalizer.current, caller.owner, batch_id)
+            batch = self._finalizer.current(owner, batch_id)
             if batch is not None:
                 data.append(public(batch))
+        return data, len(ids) > limit
+
+    async def list(self, request: Request, after: str | None, limit: int) -> Response:
+        """Newest first, as OpenAI lists batches."""
+        caller = self._caller(request)
+        data, more = await self._reads(caller, self._page, caller.owner, after, limit)
         return _json(
             {
                 "object": "list",
                 "data": data,
                 "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None,
-                "has_more": len(ids) > limit,
+                "has_more": more,
             }
         )

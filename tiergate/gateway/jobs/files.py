@@ -33,7 +33,7 @@ from starlette.types import Message, Receive
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.uploads import Storage
+from tiergate.gateway.jobs.uploads import Reads, Storage
 from tiergate.jobs.state.files import FileStore, new_file_id
 from tiergate.jobsettings import JobsSettings
 
@@ -116,13 +116,21 @@ class FilesAPI:
     """Receives, lists, serves and deletes each key's files."""
 
     def __init__(
-        self, jobs: JobsSettings, files: FileStore, gatekeeper: Gatekeeper, storage: Storage
+        self,
+        jobs: JobsSettings,
+        files: FileStore,
+        gatekeeper: Gatekeeper,
+        storage: Storage,
+        reads: Reads,
     ) -> None:
         self._jobs = jobs
         self._settings = jobs.files
         self._files = files
         self._gatekeeper = gatekeeper
         self._storage = storage
+        # A key's reads of its files (a file, its content, the list): charged to its read
+        # budget, as its reads of jobs are (tiergate.gateway.access.readcost).
+        self._reads = reads
         # Uploads this replica is receiving, in all and per owner: each may spool up to
         # twice max_file_bytes to the temporary directory (the form's part and the copy).
         self._active = 0
@@ -249,7 +257,9 @@ class FilesAPI:
     async def _meta(self, caller: Caller, file_id: str) -> dict[str, Any]:
         if not _FILE_ID.fullmatch(file_id):
             raise _not_found(file_id)
-        meta: dict[str, Any] | None = await self._storage(self._files.get, caller.owner, file_id)
+        meta: dict[str, Any] | None = await self._reads(
+            caller, self._files.get, caller.owner, file_id
+        )
         if meta is None:
             raise _not_found(file_id)
         return meta
@@ -261,7 +271,7 @@ class FilesAPI:
         """The file's bytes, from a temporary copy streamed out and deleted after."""
         caller = self._caller(request)
         await self._meta(caller, file_id)
-        path: Path | None = await self._storage(self._fetch, caller.owner, file_id)
+        path: Path | None = await self._reads(caller, self._fetch, caller.owner, file_id)
         if path is None:
             raise _not_found(file_id)
         return FileResponse(
@@ -290,6 +300,24 @@ class FilesAPI:
         await self._storage(self._files.delete, caller.owner, file_id)
         return _json({"id": file_id, "object": "file", "deleted": True})
 
+    def _page(
+        self, owner: str, purpose: str | None, limit: int, after: str | None, desc: bool
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """A page of the owner's files (one metered read) and whether more follow."""
+        ids = self._files.ids(owner)
+        if desc:
+            ids.reverse()
+        if after is not None:  # ids sort by creation: this holds for a deleted one too
+            ids = [i for i in ids if (i < after if desc else i > after)]
+        data: list[dict[str, Any]] = []
+        for file_id in ids:
+            if len(data) == limit:
+                return data, True
+            meta = self._files.get(owner, file_id)
+            if meta is not None and (purpose is None or meta.get("purpose") == purpose):
+                data.append(meta)
+        return data, False
+
     async def list(
         self, request: Request, purpose: str | None, limit: int, after: str | None, order: str
     ) -> Response:
@@ -299,20 +327,8 @@ class FilesAPI:
             raise OpenAIError(400, "order must be asc or desc.", param="order")
         if not 1 <= limit <= _LIST_MAX:
             raise OpenAIError(400, f"limit must be from 1 to {_LIST_MAX}.", param="limit")
-        ids: list[str] = await self._storage(self._files.ids, caller.owner)
-        if order == "desc":
-            ids.reverse()
-        if after is not None:  # ids sort by creation: this holds for a deleted one too
-            ids = [i for i in ids if (i < after if order == "desc" else i > after)]
-        data: list[dict[str, Any]] = []
-        more = False
-        for file_id in ids:
-            if len(data) == limit:
-                more = True
-                break
-            meta = await self._storage(self._files.get, caller.owner, file_id)
-            if meta is not None and (purpose is None or meta.get("purpose") == purpose):
-                data.append(meta)
+        page = self._page, caller.owner, purpose, limit, after, order == "desc"
+        data, more = await self._reads(caller, *page)
         return _json(
             {
                 "object": "list",

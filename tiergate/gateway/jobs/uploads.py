@@ -54,6 +54,8 @@ from tiergate.jobsettings import JobsSettings
 
 # Runs a store call in a thread; a StorageError becomes the 503 every jobs route answers.
 Storage = Callable[..., Awaitable[Any]]
+# A read charged to the caller's read budget: (caller, fn, *args) (JobsAPI.read).
+Reads = Callable[..., Awaitable[Any]]
 
 # Chunks from the ASGI stream are gathered to this size before one write to disk (in a
 # thread), so that a body of many small chunks costs few thread hops.

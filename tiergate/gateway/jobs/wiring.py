@@ -47,7 +47,7 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
     file_store = FileStore(store)
-    files = FilesAPI(settings.jobs, file_store, gatekeeper, jobs.storage)
+    files = FilesAPI(settings.jobs, file_store, gatekeeper, jobs.storage, jobs.read)
     openai_batches = BatchAPI(
         settings.jobs.batch_api,
         LineBatchStore(store),
@@ -55,6 +55,7 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         queue,
         gatekeeper,
         jobs.storage,
+        jobs.read,
         settings.gateway.max_body_bytes,
         settings.limits.chars_per_token,
     )
