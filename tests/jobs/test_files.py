@@ -126,39 +126,55 @@ def test_a_key_sending_uploads_in_parallel_holds_at_most_its_share_of_the_gatewa
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     """Each upload may spool twice its size to the gateway's disk: a key's parallel ones
-    are capped (jobs.max_concurrent_uploads_per_key), the slow one still completes."""
-    import threading
+    are capped (jobs.max_concurrent_uploads_per_key), the slow one still completes.
+
+    The slow upload is a raw socket that sends its head and holds the rest: a second upload
+    of the key is then refused. Should a probe hold the key's one slot at the moment the
+    slow upload arrives, the slow one is the refused one (correctly): its socket has the
+    429 at once, and it is sent again."""
+    import socket
+    from urllib.parse import urlsplit
 
     jobs = {"max_concurrent_uploads_per_key": 1}
     with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
-        release = threading.Event()
         boundary = "tgboundary"
         head = (
             f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"'
             "\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ).encode() + _lines(1)
+        tail = f"\r\n--{boundary}--\r\n".encode()
+        where = urlsplit(stack.base)
+        request = (
+            f"POST /v1/files HTTP/1.1\r\nHost: {where.netloc}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+            f"Content-Length: {len(head) + len(tail)}\r\nConnection: close\r\n\r\n"
         ).encode()
 
-        def slow_body():  # type: ignore[no-untyped-def]
-            yield head + _lines(1)
-            release.wait(30)
-            yield f"\r\n--{boundary}--\r\n".encode()
+        def slow_upload() -> socket.socket:
+            sock = socket.create_connection((where.hostname, where.port), timeout=30)
+            sock.sendall(request + head)
+            return sock
 
-        first: list[httpx.Response] = []
-        sender = threading.Thread(
-            target=lambda: first.append(
-                httpx.post(
-                    f"{stack.base}/v1/files",
-                    content=slow_body(),
-                    headers={"content-type": f"multipart/form-data; boundary={boundary}"},
-                    timeout=60,
-                )
-            )
-        )
-        sender.start()
+        def answered_at_once(sock: socket.socket) -> bytes:
+            sock.setblocking(False)
+            try:
+                return sock.recv(65536)
+            except BlockingIOError:
+                return b""
+            finally:
+                sock.setblocking(True)
+
+        slow = [slow_upload()]
         client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
 
         def refused() -> bool:
+            early = answered_at_once(slow[0])
+            if early:  # a probe held the slot as the slow upload arrived: it was refused
+                assert b" 429 " in early.split(b"\r\n")[0], early
+                slow[0].close()
+                slow[0] = slow_upload()
+                return False
             try:
                 client.files.create(file=("b.jsonl", _lines(1)), purpose="batch")
             except openai.RateLimitError as exc:
@@ -166,7 +182,13 @@ def test_a_key_sending_uploads_in_parallel_holds_at_most_its_share_of_the_gatewa
             return False
 
         eventually(refused, 30, 0.2, "a second parallel upload of the key refused")
-        release.set()
-        sender.join()
-        assert first[0].status_code == 200, first[0].text
+        sock = slow[0]
+        try:
+            sock.sendall(tail)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        finally:
+            sock.close()
+        assert answer.split(b"\r\n")[0].endswith(b" 200 OK"), answer
         assert client.files.create(file=("c.jsonl", _lines(1)), purpose="batch").bytes > 0

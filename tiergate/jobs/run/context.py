@@ -22,6 +22,7 @@ from typing import Any, Literal
 from tiergate.envs.cache import EnvCache
 from tiergate.envs.registry import Registered, Registry
 from tiergate.jobs.run.agent import ModelClient, WorkerKey
+from tiergate.jobs.run.environments import JobEnvironments
 from tiergate.jobs.run.jobsandbox import (
     EarlySandbox,
     store_artifacts,
@@ -50,10 +51,6 @@ class Abandoned(Exception):
     """The worker is shutting down before the job finished; it will be redelivered."""
 
 
-class EnvironmentNotFound(Exception):
-    """The job names an environment that is not registered."""
-
-
 class RunContext:
     """One slot's collaborators, its run in progress and their shared steps; ``abandon()``
     may be called from another thread."""
@@ -79,12 +76,16 @@ class RunContext:
         self.metrics = metrics or WorkerMetrics()
         self.abandoned = threading.Event()
         self.sandbox: Sandbox | None = None
-        # The environment's circuit breaker (tiergate.jobs.state.breaker), shared by all workers
-        # through the store; _run leaves what the job said about its environment here.
-        self.breakers = breakers or BreakerBoard(store, settings, self.metrics)
+        # The environments' registry, unpacked roots and circuit breakers (shared by all
+        # workers through the store); a run leaves what it said about its environment in
+        # ``verdict`` for the breaker.
+        registry = Registry(store.objects)
+        self.environments = JobEnvironments(
+            registry,
+            EnvCache(Path(settings.sandbox.cache_dir), registry),
+            breakers or BreakerBoard(store, settings, self.metrics),
+        )
         self.verdict: tuple[FailureKind, str] = ("neutral", "")
-        self.registry = Registry(store.objects)
-        self.envs = EnvCache(Path(settings.sandbox.cache_dir), self.registry)
         # Wall-clock times of the last job: its message picked up, its first command's
         # process spawned (None: none ran) (tiergate bench sandbox).
         self.picked_up = 0.0
@@ -128,30 +129,24 @@ class RunContext:
     # -- the job ----------------------------------------------------------------------------
 
     def judge(self, environment: str, job_id: str, owner: str) -> None:
-        """Tell the breaker what the job said about its environment; a failure to do so
-        does not change the job's ending (a lost probe verdict is taken over, see
-        tiergate.jobs.state.breaker)."""
-        verdict, detail = self.verdict
-        try:
-            self.breakers.record(environment, job_id, verdict, detail, owner=owner)
-        except StorageError as exc:
-            log.warning("job %s: breaker of %s not updated: %s", job_id, environment, exc)
+        """Tell the environment's breaker what this run said about it."""
+        self.environments.judge(environment, job_id, owner, self.verdict)
 
     def environment_root(self, name: str, entry: Registered | None) -> Path | None:
-        """The root the job runs in: a registered name's unpacked root (its digest was
-        recorded on the job when it started); "default" unregistered: None, the worker's
-        own system."""
-        if entry is None:
-            if name == "default":
-                return None
-            raise EnvironmentNotFound(
-                f"no environment {name!r} is registered (tiergate env build, tiergate env list)"
-            )
-        return self.fetch_environment(entry.digest)
+        """The root the job runs in (tiergate.jobs.run.environments); a failure to fetch or
+        unpack it is the environment's (the breaker hears ``sandbox_start``)."""
+        try:
+            return self.environments.root(name, entry)
+        except (SandboxError, StorageError) as exc:
+            assert entry is not None  # only a registered entry is fetched
+            self.verdict = ("sandbox_start", f"environment {entry.digest[:12]}: {exc}")
+            raise
 
     def fetch_environment(self, digest: str) -> Path:
+        """The root unpacked from ``digest`` (a replay's); a failure as in
+        :meth:`environment_root`."""
         try:
-            return self.envs.get(digest)
+            return self.environments.fetch(digest)
         except (SandboxError, StorageError) as exc:
             self.verdict = ("sandbox_start", f"environment {digest[:12]}: {exc}")
             raise

@@ -14,8 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tiergate.envs.registry import Registered, Registry
-from tiergate.jobs.state.breaker import Breaker, BreakerBoard
+from tiergate.envs.registry import Registered
+from tiergate.jobs.run.environments import JobEnvironments
+from tiergate.jobs.state.breaker import Breaker
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import Job, JobCreate, JobMessage
 
@@ -34,17 +35,15 @@ class Pickup:
     last_event: int | None  # the job's last event number
 
 
-def read_pickup(
-    store: JobStore, registry: Registry, breakers: BreakerBoard, message: JobMessage
-) -> Pickup:
+def read_pickup(store: JobStore, environments: JobEnvironments, message: JobMessage) -> Pickup:
     environment = message.spec.environment
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="pickup") as reads:
         final = reads.submit(store.final, message.id)
         current = reads.submit(store.get, message.id)
         spec = reads.submit(store.spec, message.id)
         cancel = reads.submit(store.cancel_requested, message.id)
-        name = None if message.replay_of else reads.submit(registry.resolve, environment)
-        breaker = reads.submit(breakers.read, environment) if breakers.enabled else None
+        name = None if message.replay_of else reads.submit(environments.lookup, environment)
+        breaker = reads.submit(environments.read_breaker, environment)
         deliveries = reads.submit(store.deliveries, message.id)
         events = reads.submit(store.last_sequence, message.id)
     ended = final.result()
@@ -54,7 +53,7 @@ def read_pickup(
         spec=None if ended is not None else spec.result(),
         cancel_requested=cancel,
         environment=name,
-        breaker=None if breaker is None else _or_none(breaker),
+        breaker=_or_none(breaker),
         deliveries=_or_none(deliveries),
         last_event=_or_none(events),
     )

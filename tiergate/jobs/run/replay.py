@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiergate.envs.registry import Registry
+from tiergate.jobs.run.environments import JobEnvironments, name_of
 from tiergate.jobs.run.jobsandbox import read_reward, unpack_upload
 from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import (
@@ -62,12 +62,6 @@ class ReplayRefused(Exception):
         self.code = code
 
 
-def environment_of(job: Job, spec: JobCreate | None) -> str:
-    """The environment a job ran in: its own field, else its spec's, else "default"."""
-    found = getattr(job, "environment", None) or getattr(spec, "environment", None)
-    return str(found) if found else "default"
-
-
 def read_trajectory(store: JobStore, job_id: str) -> list[dict[str, Any]] | None:
     raw = store.read_artifact(job_id, "trajectory")
     if raw is None:
@@ -90,7 +84,7 @@ class ReplayPlan:
 
 def plan_replay(
     store: JobStore,
-    registry: Registry,
+    environments: JobEnvironments,
     original_id: str,
     owner: str,
     spec: JobCreate,
@@ -110,9 +104,9 @@ def plan_replay(
     if recorded is None:
         raise ReplayRefused("job_not_replayable", f"job {original_id} recorded no trajectory")
     spec = store.spec(original_id) or spec
-    environment = environment_of(original, spec)
+    environment = name_of(original, spec)
     digest = original.environment_digest
-    if digest is not None and not registry.has_blob(digest):
+    if digest is not None and not environments.stored(digest):
         raise ReplayRefused(
             "environment_not_found",
             f"job {original_id} ran in environment digest {digest}, no longer stored",

@@ -42,7 +42,7 @@ class ReplayRunner:
         try:
             plan = plan_replay(
                 self._ctx.store,
-                self._ctx.registry,
+                self._ctx.environments,
                 original_id,
                 message.owner,
                 message.spec,

@@ -36,11 +36,11 @@ from tiergate.jobs.run.agentrun import AgentRunner
 from tiergate.jobs.run.context import (
     ENDED,
     Abandoned,
-    EnvironmentNotFound,
     Finished,
     Outcome,
     RunContext,
 )
+from tiergate.jobs.run.environments import EnvironmentNotFound
 from tiergate.jobs.run.observe import WorkerMetrics
 from tiergate.jobs.run.pickup import Pickup, read_pickup
 from tiergate.jobs.run.replayrun import ReplayRunner
@@ -119,7 +119,7 @@ class JobRunner:
             self._ctx.early.drop()
 
     def _pickup(self, message: JobMessage) -> Outcome:
-        reads = read_pickup(self._ctx.store, self._ctx.registry, self._ctx.breakers, message)
+        reads = read_pickup(self._ctx.store, self._ctx.environments, message)
         final, current = reads.final, reads.current
         if final is not None:
             # A worker may have died between the terminal record and its event: the event
@@ -177,7 +177,7 @@ class JobRunner:
         if current is not None and reads.cancel_requested.result():
             self._ctx.end(current, JobStatus.CANCELLED, "cancelled")
             return "finished"
-        admission = self._ctx.breakers.admit(environment, message.id, reads.breaker)
+        admission = self._ctx.environments.admit(environment, message.id, reads.breaker)
         if not admission.allowed:
             # Before a pickup is counted or a sandbox made: nothing of the job runs. It is
             # dead-lettered like other failures, so it can be sent again once it works.
