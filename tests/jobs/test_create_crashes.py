@@ -20,6 +20,7 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import JobsStack, jobs_stack
 from tests.waiting import eventually
+from tiergate.jobs.run.context import RunContext
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.state.store import JobStore
 from tiergate.local.servers import ObjectStore, Server
@@ -165,7 +166,7 @@ def test_a_message_without_a_matching_record_runs_for_no_one(
     with jobs_stack(broker, s3, model, tmp_path) as stack:
         store = JobStore(stack.jobs.storage)
         queued = stack.submit(TASK)["id"]
-        runner = JobRunner(stack.jobs, store, JobQueue(stack.jobs.kafka))
+        runner = JobRunner(RunContext(stack.jobs, store, JobQueue(stack.jobs.kafka)))
         spec = JobCreate.model_validate(TASK)
         forged = [
             JobMessage(id=f"job_{uuid.uuid4().hex}", owner="anonymous", spec=spec),

@@ -16,6 +16,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
 from tests.servers import free_port, running_gateway
 from tests.waiting import eventually
+from tiergate.jobs.run.context import RunContext
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.run.worker import Worker
 from tiergate.jobs.state.lifecycle import JobLifecycle
@@ -179,7 +180,7 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_after_max_attempts(
         # Two pickups that never finished: their workers died mid-job.
         store.record_delivery(job["id"])
         store.record_delivery(job["id"])
-        runner = JobRunner(stack.jobs, store, JobQueue(stack.jobs.kafka))
+        runner = JobRunner(RunContext(stack.jobs, store, JobQueue(stack.jobs.kafka)))
         message = JobMessage(id=job["id"], owner="anonymous", spec=JobCreate.model_validate(TASK))
         assert runner.process(message) == "dead"
         final = httpx.get(f"{stack.base}/v1/jobs/{job['id']}").json()

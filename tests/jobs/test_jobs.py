@@ -17,6 +17,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, topic_messages
 from tests.waiting import eventually
 from tiergate.gateway.access.auth import new_key
+from tiergate.jobs.run.context import RunContext
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import JobCreate, JobMessage
@@ -218,7 +219,7 @@ def test_redelivered_job_runs_once_and_result_is_written_once(
     with jobs_stack(broker, s3, model, tmp_path) as stack:
         job = stack.submit(TASK)
         store = JobStore(stack.jobs.storage)
-        runner = JobRunner(stack.jobs, store, JobQueue(stack.jobs.kafka))
+        runner = JobRunner(RunContext(stack.jobs, store, JobQueue(stack.jobs.kafka)))
         message = JobMessage(id=job["id"], owner="anonymous", spec=JobCreate.model_validate(TASK))
         assert runner.process(message) == "finished"
         requests_after_first = model.record.requests
@@ -247,7 +248,7 @@ def test_a_copy_of_a_failed_attempts_message_is_skipped_while_its_retry_waits(
     ) as stack:
         job = stack.submit(TASK)
         store = JobStore(stack.jobs.storage)
-        runner = JobRunner(stack.jobs, store, JobQueue(stack.jobs.kafka))
+        runner = JobRunner(RunContext(stack.jobs, store, JobQueue(stack.jobs.kafka)))
         first = JobMessage(id=job["id"], owner="anonymous", spec=JobCreate.model_validate(TASK))
         assert runner.process(first) == "retry"
         waiting = store.get(job["id"])

@@ -41,6 +41,7 @@ from tiergate.envs.build import build
 from tiergate.envs.manifest import load_manifest
 from tiergate.envs.registry import Registry
 from tiergate.jobs.run.agent import ModelClient
+from tiergate.jobs.run.context import RunContext
 from tiergate.jobs.run.runner import JobRunner
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsettings import JobsSettings
@@ -172,10 +173,12 @@ def run_sandbox_benchmark(
         renamed = manifest.model_copy(update={"name": name})
         Registry(store.objects).register(dataclasses.replace(built, manifest=renamed))
         runner = JobRunner(
-            settings,
-            store,
-            cast(JobQueue, _NoQueue()),
-            model_client=lambda message: cast(ModelClient, _Done()),
+            RunContext(
+                settings,
+                store,
+                cast(JobQueue, _NoQueue()),
+                model_client=lambda message: cast(ModelClient, _Done()),
+            )
         )
         cache = work / "cache"
         results: dict[str, Any] = {}

@@ -30,3 +30,14 @@ def refuse_nul(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for item in value:
             refuse_nul(item, where)
+
+
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's list envelope for a page of ``data`` (objects with an ``id``)."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }

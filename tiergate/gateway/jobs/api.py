@@ -39,6 +39,7 @@ from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import Job, JobCreate, JobMessage, JobStatus
+from tiergate.protocol.base import list_page
 from tiergate.queue.pipeline import JobQueue, MessageTooLarge, QueueUnavailable
 
 log = logging.getLogger("tiergate.gateway.jobs")
@@ -367,15 +368,7 @@ class JobsAPI:
         caller = self.caller(request)
         jobs, more = await self.read(caller, self._store.list_jobs, caller.owner, after, limit)
         data = [job.public({}) for job in jobs]
-        return json_response(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": more,
-            }
-        )
+        return json_response(list_page(data, more))
 
     async def cancel(self, request: Request, job_id: str) -> Response:
         job = await self._owned(request, job_id)

@@ -38,6 +38,7 @@ from tiergate.jobs.lines.finalize import Finalizer, public
 from tiergate.jobs.lines.store import LineBatchStore, chunk_message, new_batch_id
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobsettings import BatchApiSettings
+from tiergate.protocol.base import list_page
 from tiergate.protocol.openaibatch import FINAL, OpenAIBatchCreate
 from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 
@@ -351,12 +352,4 @@ class BatchAPI:
         """Newest first, as OpenAI lists batches."""
         caller = self._caller(request)
         data, more = await self._reads(caller, self._page, caller.owner, after, limit)
-        return _json(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": more,
-            }
-        )
+        return _json(list_page(data, more))

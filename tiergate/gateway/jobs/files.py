@@ -36,6 +36,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.uploads import Reads, Storage
 from tiergate.jobs.state.files import FileStore, new_file_id
 from tiergate.jobsettings import JobsSettings
+from tiergate.protocol.base import list_page
 
 PURPOSES = ("batch",)
 _FILE_ID = re.compile(r"file-[0-9a-f]{32}")
@@ -329,12 +330,4 @@ class FilesAPI:
             raise OpenAIError(400, f"limit must be from 1 to {_LIST_MAX}.", param="limit")
         page = self._page, caller.owner, purpose, limit, after, order == "desc"
         data, more = await self._reads(caller, *page)
-        return _json(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": more,
-            }
-        )
+        return _json(list_page(data, more))

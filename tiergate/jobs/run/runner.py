@@ -28,30 +28,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from tiergate.envs.registry import Registered
-from tiergate.jobs.run.agent import ModelClient, ModelRefused, ModelUnavailable
+from tiergate.jobs.run.agent import ModelRefused, ModelUnavailable
 from tiergate.jobs.run.agentrun import AgentRunner
 from tiergate.jobs.run.context import (
     ENDED,
     Abandoned,
-    Finished,
     Outcome,
     RunContext,
 )
 from tiergate.jobs.run.environments import EnvironmentNotFound
-from tiergate.jobs.run.observe import WorkerMetrics
 from tiergate.jobs.run.pickup import Pickup, read_pickup
 from tiergate.jobs.run.replayrun import ReplayRunner
 from tiergate.jobs.state import joberrors
-from tiergate.jobs.state.breaker import BreakerBoard
-from tiergate.jobs.state.lease import Fenced, Held, Leases, RunLease
-from tiergate.jobs.state.share import FleetShare
-from tiergate.jobs.state.store import JobStore, StorageError
-from tiergate.jobsettings import JobsSettings
+from tiergate.jobs.state.lease import Fenced, Held, RunLease
+from tiergate.jobs.state.store import StorageError
 from tiergate.protocol import Job, JobMessage, JobStatus
-from tiergate.queue.pipeline import JobQueue, QueueUnavailable
+from tiergate.queue.pipeline import QueueUnavailable
 from tiergate.sandbox import SandboxError
 
 log = logging.getLogger("tiergate.worker")
@@ -65,29 +59,8 @@ class JobRunner:
     :class:`AgentRunner` and a :class:`ReplayRunner` on it; this class picks jobs up, holds
     their run leases and decides how failures end them."""
 
-    def __init__(
-        self,
-        settings: JobsSettings,
-        store: JobStore,
-        queue: JobQueue,
-        model_client: Callable[[JobMessage], ModelClient] | None = None,
-        on_finished: Finished = lambda status, reason: None,
-        metrics: WorkerMetrics | None = None,
-        breakers: BreakerBoard | None = None,
-        leases: Leases | None = None,
-        share: FleetShare | None = None,
-    ) -> None:
-        self._ctx = RunContext(
-            settings,
-            store,
-            queue,
-            model_client,
-            on_finished=on_finished,
-            metrics=metrics,
-            breakers=breakers,
-            leases=leases,
-            share=share,
-        )
+    def __init__(self, ctx: RunContext) -> None:
+        self._ctx = ctx
         self._agent = AgentRunner(self._ctx)
         self._replay = ReplayRunner(self._ctx)
 

@@ -47,6 +47,7 @@ from tiergate.jobs.lines.runner import ChunkRunner
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.jobs.lines.sweep import worker_sweeps
 from tiergate.jobs.run.agent import ModelClient, ModelUnavailable, WorkerKey
+from tiergate.jobs.run.context import RunContext
 from tiergate.jobs.run.observe import Liveness, WorkerMetrics
 from tiergate.jobs.run.observe_http import WorkerHTTP
 from tiergate.jobs.run.runner import JobRunner
@@ -194,10 +195,9 @@ class Worker:
         )
         for index in range(self._settings.worker.concurrency):
             # Each slot's jobs run as a user of their own (sandbox.uid + index).
-            slot = self._settings.model_copy(
-                update={"sandbox": self._settings.sandbox.for_slot(index)}
-            )
-            runner = JobRunner(
+            sandbox = self._settings.sandbox.for_slot(index)
+            slot = self._settings.model_copy(update={"sandbox": sandbox})
+            ctx = RunContext(
                 slot,
                 self._store,
                 self._queue,
@@ -208,7 +208,7 @@ class Worker:
                 leases=self.leases,
                 share=self.share,
             )
-            self._runners.append(runner)
+            self._runners.append(JobRunner(ctx))
             self._thread(f"job-slot-{index}", self.consumer.slot, index, f"job-slot-{index}")
         self._thread("consumer", self._consume)
         self._thread("lease-keeper", self._keep_leases)
