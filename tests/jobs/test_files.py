@@ -192,3 +192,45 @@ def test_a_key_sending_uploads_in_parallel_holds_at_most_its_share_of_the_gatewa
             sock.close()
         assert answer.split(b"\r\n")[0].endswith(b" 200 OK"), answer
         assert client.files.create(file=("c.jsonl", _lines(1)), purpose="batch").bytes > 0
+
+
+def test_a_slow_download_holds_a_slot_of_its_key_until_its_client_is_gone(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """A file is served from a temporary copy on the gateway's disk that lives until the
+    client has read it: a key's downloads and uploads count against one share of those
+    transfers (jobs.max_concurrent_uploads_per_key), so a key reading slowly, or many
+    downloads at once, cannot fill the disk; a client that leaves mid-body gives its slot
+    back."""
+    import socket
+    from urllib.parse import urlsplit
+
+    jobs = {"max_concurrent_uploads_per_key": 1}
+    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+        row = json.loads(_lines(1))
+        row["body"]["messages"][0]["content"] = "x" * 10_000
+        big = b"".join(
+            json.dumps({**row, "custom_id": f"r{i}"}).encode() + b"\n" for i in range(3000)
+        )
+        file_id = client.files.create(file=("big.jsonl", big), purpose="batch").id
+        where = urlsplit(stack.base)
+        sock = socket.create_connection((where.hostname, where.port), timeout=30)
+        try:
+            sock.sendall(
+                f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: {where.netloc}\r\n\r\n".encode()
+            )
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")  # and reads no more of it
+            with pytest.raises(openai.RateLimitError) as refused:
+                client.files.create(file=("b.jsonl", _lines(1)), purpose="batch")
+            assert refused.value.code == "too_many_concurrent_uploads"
+        finally:
+            sock.close()
+
+        def upload_again() -> bool:
+            try:
+                return client.files.create(file=("c.jsonl", _lines(1)), purpose="batch").bytes > 0
+            except openai.RateLimitError:
+                return False
+
+        eventually(upload_again, 30, 0.2, "the key's slot given back by the gone client")

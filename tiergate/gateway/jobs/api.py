@@ -33,7 +33,7 @@ from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.eventstream import EventStreams
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
-from tiergate.gateway.jobs.uploads import Uploads
+from tiergate.gateway.jobs.uploads import SpoolSlots, Uploads
 from tiergate.gateway.openai.selection import parse_body, read_body, requested_tier
 from tiergate.jobs.state.lifecycle import JobLifecycle
 from tiergate.jobs.state.store import JobStore, StorageError
@@ -99,7 +99,9 @@ class JobsAPI:
         self._jobs = JobLifecycle(store)
         self._reservations = Reservations()
         self._gatekeeper = gatekeeper
-        self._uploads = Uploads(settings, store, gatekeeper, self.storage)
+        # One count of the transfers that spool to this replica's disk (uploads, files).
+        self.spool_slots = SpoolSlots(settings)
+        self._uploads = Uploads(settings, store, gatekeeper, self.storage, self.spool_slots)
         self.reads = ReadBudget(gatekeeper.limiter, store.objects, settings.read_units_per_minute)
         self.streams = EventStreams(
             store, stream_pool, settings.max_streams_per_key, unavailable, self.reads

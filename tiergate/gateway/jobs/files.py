@@ -20,20 +20,20 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 from fastapi import Request
-from starlette.background import BackgroundTask
 from starlette.datastructures import UploadFile
 from starlette.responses import FileResponse, Response
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope, Send
 
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.uploads import Reads, Storage
+from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
 from tiergate.jobs.state.files import FileStore, new_file_id
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol.base import list_page
@@ -113,6 +113,21 @@ def check_lines(source: IO[bytes], out: IO[bytes], max_lines: int) -> tuple[int,
     return count, size
 
 
+class _ServedCopy(FileResponse):
+    """A file's temporary copy, served; ``done`` runs however the response ends: sent
+    whole, or its client gone mid-body (where Starlette skips a background task)."""
+
+    def __init__(self, path: Path, done: Callable[[], None]) -> None:
+        super().__init__(path, media_type="application/octet-stream")
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._done()
+
+
 class FilesAPI:
     """Receives, lists, serves and deletes each key's files."""
 
@@ -123,6 +138,7 @@ class FilesAPI:
         gatekeeper: Gatekeeper,
         storage: Storage,
         reads: Reads,
+        slots: SpoolSlots,
     ) -> None:
         self._jobs = jobs
         self._settings = jobs.files
@@ -132,10 +148,10 @@ class FilesAPI:
         # A key's reads of its files (a file, its content, the list): charged to its read
         # budget, as its reads of jobs are (tiergate.gateway.access.readcost).
         self._reads = reads
-        # Uploads this replica is receiving, in all and per owner: each may spool up to
-        # twice max_file_bytes to the temporary directory (the form's part and the copy).
-        self._active = 0
-        self._by_owner: dict[str, int] = {}
+        # Files this replica is receiving or serving count against the slots every spooled
+        # transfer shares: an upload may spool twice max_file_bytes to the temporary
+        # directory (the form's part and the copy), a download the file's size.
+        self._slots = slots
 
     def _caller(self, request: Request) -> Caller:
         return self._gatekeeper.authenticate(request.headers.get("authorization"))
@@ -156,40 +172,11 @@ class FilesAPI:
         file_id = new_file_id()
         headers = await self._gatekeeper.count_request(caller, file_id)
         await self._check_quota(caller, 0, headers)
-        self._take_slot(caller, headers)
+        self._slots.take(caller.owner, headers)
         try:
             return await self._receive(caller, request, limit, file_id, headers)
         finally:
-            self._active -= 1
-            self._by_owner[caller.owner] -= 1
-            if not self._by_owner[caller.owner]:
-                del self._by_owner[caller.owner]
-
-    def _take_slot(self, caller: Caller, headers: dict[str, str]) -> None:
-        """At most ``jobs.max_concurrent_uploads`` uploads (workspaces' limit too) on this
-        replica (503), and ``jobs.max_concurrent_uploads_per_key`` of one key (429)."""
-        jobs = self._jobs
-        if self._active >= jobs.max_concurrent_uploads:
-            raise OpenAIError(
-                503,
-                f"This gateway is receiving {jobs.max_concurrent_uploads} uploads, its limit "
-                "(jobs.max_concurrent_uploads); retry shortly.",
-                code="upload_capacity",
-                type_="server_error",
-                headers={"retry-after": "2", **headers},
-            )
-        own = self._by_owner.get(caller.owner, 0)
-        if own >= jobs.max_concurrent_uploads_per_key:
-            raise OpenAIError(
-                429,
-                f"This key is sending {own} uploads to this gateway, its most at once "
-                f"(jobs.max_concurrent_uploads_per_key: {jobs.max_concurrent_uploads_per_key}).",
-                code="too_many_concurrent_uploads",
-                type_="rate_limit_error",
-                headers={"retry-after": "2", **headers},
-            )
-        self._active += 1
-        self._by_owner[caller.owner] = own + 1
+            self._slots.release(caller.owner)
 
     async def _receive(
         self, caller: Caller, request: Request, limit: int, file_id: str, headers: dict[str, str]
@@ -272,14 +259,23 @@ class FilesAPI:
         """The file's bytes, from a temporary copy streamed out and deleted after."""
         caller = self._caller(request)
         await self._meta(caller, file_id)
-        path: Path | None = await self._reads(caller, self._fetch, caller.owner, file_id)
+        # The copy lives until the client has read it: however slowly a key reads, it holds
+        # at most its share of the slots (and of the temporary directory).
+        self._slots.take(caller.owner, {}, doing="reading")
+        try:
+            path: Path | None = await self._reads(caller, self._fetch, caller.owner, file_id)
+        except BaseException:
+            self._slots.release(caller.owner)
+            raise
         if path is None:
+            self._slots.release(caller.owner)
             raise _not_found(file_id)
-        return FileResponse(
-            path,
-            media_type="application/octet-stream",
-            background=BackgroundTask(path.unlink, missing_ok=True),
-        )
+
+        def done() -> None:
+            path.unlink(missing_ok=True)
+            self._slots.release(caller.owner)
+
+        return _ServedCopy(path, done)
 
     def _fetch(self, owner: str, file_id: str) -> Path | None:
         """The content in a temporary file of its own (None when it is missing)."""

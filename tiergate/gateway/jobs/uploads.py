@@ -112,11 +112,61 @@ BATCH_TASKS = UploadKind(
 )
 
 
+class SpoolSlots:
+    """This replica's transfers that spool a file to its temporary directory: workspace
+    and task-file uploads, files received and files served. One count for all of them, so
+    that ``jobs.max_concurrent_uploads`` bounds the directory (503 ``upload_capacity``
+    past it) and ``jobs.max_concurrent_uploads_per_key`` holds one key to its share (429
+    ``too_many_concurrent_uploads``), whichever routes the transfers come through."""
+
+    def __init__(self, settings: JobsSettings) -> None:
+        self._settings = settings
+        self._active = 0
+        self._by_owner: dict[str, int] = {}
+
+    def take(self, owner: str, headers: dict[str, str], doing: str = "sending") -> None:
+        """One slot for ``owner`` (``doing``: what the refusal says the key is doing)."""
+        s = self._settings
+        if self._active >= s.max_concurrent_uploads:
+            raise OpenAIError(
+                503,
+                f"This gateway is receiving {s.max_concurrent_uploads} uploads, its limit "
+                "(jobs.max_concurrent_uploads); retry shortly.",
+                code="upload_capacity",
+                type_="server_error",
+                headers={"retry-after": "2", **headers},
+            )
+        own = self._by_owner.get(owner, 0)
+        if own >= s.max_concurrent_uploads_per_key:
+            raise OpenAIError(
+                429,
+                f"This key is {doing} {own} files through this gateway, its most at once "
+                f"(jobs.max_concurrent_uploads_per_key: {s.max_concurrent_uploads_per_key}); "
+                "retry when one has finished.",
+                code="too_many_concurrent_uploads",
+                type_="rate_limit_error",
+                headers={"retry-after": "2", **headers},
+            )
+        self._active += 1
+        self._by_owner[owner] = own + 1
+
+    def release(self, owner: str) -> None:
+        self._active -= 1
+        self._by_owner[owner] -= 1
+        if not self._by_owner[owner]:
+            del self._by_owner[owner]
+
+
 class Uploads:
     """Receives, checks, stores, deletes and looks up one gateway's workspace uploads."""
 
     def __init__(
-        self, settings: JobsSettings, store: JobStore, gatekeeper: Gatekeeper, storage: Storage
+        self,
+        settings: JobsSettings,
+        store: JobStore,
+        gatekeeper: Gatekeeper,
+        storage: Storage,
+        slots: SpoolSlots,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -126,7 +176,7 @@ class Uploads:
         # real): counted with the stored ones, so that parallel uploads from one key cannot
         # all pass the quota at once.
         self._receiving: dict[str, list[int]] = {}
-        self._active = 0
+        self._slots = slots
         # One event per check running now: set when its client leaves or the gateway closes.
         self._checks: set[threading.Event] = set()
         self._closing = False
@@ -162,31 +212,11 @@ class Uploads:
             raise _too_large(limit, kind.limit_setting)
         upload_id = f"upl_{uuid.uuid4().hex}"
         headers = await self._gatekeeper.count_request(caller, upload_id)
-        if self._active >= s.max_concurrent_uploads:
-            raise OpenAIError(
-                503,
-                f"This gateway is receiving {s.max_concurrent_uploads} uploads, its limit "
-                "(jobs.max_concurrent_uploads); retry shortly.",
-                code="upload_capacity",
-                type_="server_error",
-                headers={"retry-after": "2", **headers},
-            )
-        own = len(self._receiving.get(caller.owner, ()))
-        if own >= s.max_concurrent_uploads_per_key:
-            raise OpenAIError(
-                429,
-                f"This key is sending {own} uploads to this gateway, its most at once "
-                f"(jobs.max_concurrent_uploads_per_key: {s.max_concurrent_uploads_per_key}); "
-                "retry when one has finished.",
-                code="too_many_concurrent_uploads",
-                type_="rate_limit_error",
-                headers={"retry-after": "2", **headers},
-            )
+        self._slots.take(caller.owner, headers)
         # Counted as being received before the quota is looked at, so that parallel uploads
         # from one key each see the others.
         receiving = self._receiving.setdefault(caller.owner, [])
         receiving.append(expected)
-        self._active += 1
         try:
             await self._check_quota(caller, headers)
             with tempfile.NamedTemporaryFile(prefix="tiergate-upload-") as spool:
@@ -204,7 +234,7 @@ class Uploads:
                     self._store.put_upload_file, caller.owner, upload_id, spool.name
                 )
         finally:
-            self._active -= 1
+            self._slots.release(caller.owner)
             receiving.remove(expected)
             if not receiving:
                 self._receiving.pop(caller.owner, None)

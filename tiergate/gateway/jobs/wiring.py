@@ -47,7 +47,9 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
     file_store = FileStore(store)
-    files = FilesAPI(settings.jobs, file_store, gatekeeper, jobs.storage, jobs.read)
+    files = FilesAPI(
+        settings.jobs, file_store, gatekeeper, jobs.storage, jobs.read, jobs.spool_slots
+    )
     openai_batches = BatchAPI(
         settings.jobs.batch_api,
         LineBatchStore(store),
