@@ -17,7 +17,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,9 @@ import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
+from tests.jobs.costs import MiB, envelope, keys_with_limits, send_upload
 from tests.jobstack import JobsStack, jobs_stack, jobs_tree, topic_messages
 from tests.waiting import eventually
-from tiergate.gateway.access.auth import new_key
 from tiergate.gateway.jobs.eventstream import FIRST_POLL_SECONDS, MAX_POLL_SECONDS, next_poll
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsettings import JobsSettings
@@ -42,81 +42,53 @@ TASK: dict[str, Any] = {
     "verifier": {"command": "test -f ok.txt"},
     "limits": {"max_steps": 2, "timeout_seconds": 60},
 }
-MiB = 1024 * 1024
-
-
-def _keys(*names: str, **limits: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Auth settings with one key per name (``limits``: a key's limits by name), and the
-    headers of each. Each key's owner is set to its name, so the store's records are
-    looked up by name here (keys' default owners are tested in test_owner_ids.py)."""
-    keys, headers = [], {}
-    for name in names:
-        key, digest = new_key()
-        keys.append({"name": name, "hash": digest, "owner": name, "limits": limits.get(name, {})})
-        headers[name] = {"authorization": f"Bearer {key}"}
-    return {"enabled": True, "keys": keys}, headers
-
-
-def _envelope(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    """The OpenAI error of ``resp``, checked to be exactly the envelope with ``code``."""
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert error["code"] == code, error
-    return error
 
 
 def _uploads(stack: JobsStack, owner: str) -> list[tuple[str, int, float]]:
     return JobStore(stack.jobs.storage).uploads(owner)
 
 
-def _upload(stack: JobsStack, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(f"{stack.base}/v1/jobs/workspaces", content=body, headers=headers)
-
-
 def test_uploads_count_against_the_key_and_its_quota(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
-    auth, h = _keys("a", "b", "c", c={"requests_per_minute": 2})
+    auth, h = keys_with_limits("a", "b", "c", c={"requests_per_minute": 2})
     quota = {"upload_quota_bytes": 300_000, "max_uploads_per_key": 3}
     with jobs_stack(broker, s3, model, tmp_path, auth=auth, jobs=quota) as stack:
         big = tar_of({"data.bin": os.urandom(200_000)})
-        first = _upload(stack, big, h["a"])
+        first = send_upload(stack, big, h["a"])
         assert first.status_code == 200, first.text
         assert first.json()["bytes"] == len(big) and first.json()["members"] == 1
         assert first.json()["expires_at"] > time.time() + 23 * 3600
 
         # Over the bytes quota: refused, nothing stored.
-        error = _envelope(_upload(stack, big, h["a"]), 429, "upload_quota_exceeded")
+        error = envelope(send_upload(stack, big, h["a"]), 429, "upload_quota_exceeded")
         assert "jobs.upload_quota_bytes: 300000" in error["message"], error
         assert len(_uploads(stack, "a")) == 1
         # The other key's quota is its own.
-        assert _upload(stack, big, h["b"]).status_code == 200
+        assert send_upload(stack, big, h["b"]).status_code == 200
 
         # Over the count quota.
         small = tar_of({"a.txt": b"x"})
         for _ in range(2):
-            assert _upload(stack, small, h["a"]).status_code == 200
-        error = _envelope(_upload(stack, small, h["a"]), 429, "upload_quota_exceeded")
+            assert send_upload(stack, small, h["a"]).status_code == 200
+        error = envelope(send_upload(stack, small, h["a"]), 429, "upload_quota_exceeded")
         assert "jobs.max_uploads_per_key: 3" in error["message"], error
         assert len(_uploads(stack, "a")) == 3
 
         # Deleting one frees its place; another key cannot delete it.
         upload_id = first.json()["id"]
         url = f"{stack.base}/v1/jobs/workspaces/{upload_id}"
-        _envelope(httpx.delete(url, headers=h["b"]), 404, "upload_not_found")
+        envelope(httpx.delete(url, headers=h["b"]), 404, "upload_not_found")
         assert httpx.delete(url, headers=h["a"]).json()["deleted"] is True
-        assert _upload(stack, big, h["a"]).status_code == 200
+        assert send_upload(stack, big, h["a"]).status_code == 200
 
         # Uploads count against the key's requests per minute.
         for _ in range(2):
-            assert _upload(stack, small, h["c"]).status_code == 200
-        error = _envelope(_upload(stack, small, h["c"]), 429, "rate_limit_exceeded")
+            assert send_upload(stack, small, h["c"]).status_code == 200
+        error = envelope(send_upload(stack, small, h["c"]), 429, "rate_limit_exceeded")
         assert "requests per minute (2)" in error["message"], error
         assert len(_uploads(stack, "c")) == 2
-        assert _upload(stack, small, h["b"]).status_code == 200
+        assert send_upload(stack, small, h["b"]).status_code == 200
 
 
 def test_bad_uploads_are_refused_and_store_nothing(
@@ -127,14 +99,14 @@ def test_bad_uploads_are_refused_and_store_nothing(
         assert stack.jobs.max_upload_members == 20_000  # the default cap
         many = tar_of({f"f{i}": b"" for i in range(20_001)}, mode="w:gz")
         assert len(many) < 1 * MiB
-        error = _envelope(_upload(stack, many, {}), 400, "upload_too_many_members")
+        error = envelope(send_upload(stack, many, {}), 400, "upload_too_many_members")
         assert "jobs.max_upload_members: 20000" in error["message"], error
 
         bomb = tar_of({"zeros": bytes(5 * MiB)}, mode="w:gz")
-        error = _envelope(_upload(stack, bomb, {}), 400, "upload_too_large_unpacked")
+        error = envelope(send_upload(stack, bomb, {}), 400, "upload_too_large_unpacked")
         assert f"jobs.max_upload_unpacked_bytes: {4 * MiB}" in error["message"], error
 
-        error = _envelope(_upload(stack, os.urandom(2 * MiB), {}), 413, "request_too_large")
+        error = envelope(send_upload(stack, os.urandom(2 * MiB), {}), 413, "request_too_large")
         assert f"jobs.max_upload_bytes: {MiB}" in error["message"], error
 
         def chunked() -> Iterator[bytes]:  # no content-length: refused while it streams
@@ -142,12 +114,12 @@ def test_bad_uploads_are_refused_and_store_nothing(
                 yield bytes(512 * 1024)
 
         resp = httpx.post(f"{stack.base}/v1/jobs/workspaces", content=chunked())
-        _envelope(resp, 413, "request_too_large")
+        envelope(resp, 413, "request_too_large")
 
-        _envelope(_upload(stack, b"not a tar at all", {}), 400, "invalid_upload")
-        _envelope(_upload(stack, b"", {}), 400, "invalid_upload")
+        envelope(send_upload(stack, b"not a tar at all", {}), 400, "invalid_upload")
+        envelope(send_upload(stack, b"", {}), 400, "invalid_upload")
         assert _uploads(stack, "anonymous") == []
-        assert _upload(stack, tar_of({"f": b"x"}, mode="w:gz"), {}).status_code == 200
+        assert send_upload(stack, tar_of({"f": b"x"}, mode="w:gz"), {}).status_code == 200
 
 
 def test_an_expired_upload_is_refused_and_frees_its_place(
@@ -155,41 +127,41 @@ def test_an_expired_upload_is_refused_and_frees_its_place(
 ) -> None:
     settings = {"upload_ttl_seconds": 4, "max_uploads_per_key": 1}
     with jobs_stack(broker, s3, model, tmp_path, jobs=settings) as stack:
-        upload = _upload(stack, tar_of({"given.txt": b"x"}), {}).json()["id"]
+        upload = send_upload(stack, tar_of({"given.txt": b"x"}), {}).json()["id"]
         job = {**TASK, "workspace": {"upload_id": upload}}
         assert httpx.post(f"{stack.base}/v1/jobs", json=job).status_code == 200
-        _envelope(_upload(stack, tar_of({"b": b"y"}), {}), 429, "upload_quota_exceeded")
+        envelope(send_upload(stack, tar_of({"b": b"y"}), {}), 429, "upload_quota_exceeded")
 
         def refused() -> httpx.Response | None:
             resp = httpx.post(f"{stack.base}/v1/jobs", json=job)
             return None if resp.status_code == 200 else resp
 
         resp = eventually(refused, 30, 0.3, "the upload expired")
-        error = _envelope(resp, 400, "upload_expired")
+        error = envelope(resp, 400, "upload_expired")
         assert error["param"] == "workspace.upload_id"
         assert "jobs.upload_ttl_seconds" in error["message"], error
         before = len(httpx.get(f"{stack.base}/v1/jobs?limit=100").json()["data"])
         assert before >= 1
-        _envelope(httpx.post(f"{stack.base}/v1/jobs", json=job), 400, "upload_expired")
+        envelope(httpx.post(f"{stack.base}/v1/jobs", json=job), 400, "upload_expired")
         assert len(httpx.get(f"{stack.base}/v1/jobs?limit=100").json()["data"]) == before
         # Expired, it no longer counts against the quota.
-        assert _upload(stack, tar_of({"b": b"y"}), {}).status_code == 200
+        assert send_upload(stack, tar_of({"b": b"y"}), {}).status_code == 200
 
 
 def test_an_oversized_spec_is_413_and_the_next_job_is_queued(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
-    auth, h = _keys("a")
+    auth, h = keys_with_limits("a")
     with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack:
         limit = stack.jobs.kafka.max_request_size
         assert limit == MiB  # kafka-python's default, now the one setting for both
         huge = {**TASK, "workspace": {"files": {"big.txt": "x" * (limit + 1000)}}}
         resp = httpx.post(f"{stack.base}/v1/jobs", json=huge, headers=h["a"])
-        error = _envelope(resp, 413, "request_too_large")
+        error = envelope(resp, 413, "request_too_large")
         assert f"{limit} bytes (jobs.kafka.max_request_size)" in error["message"], error
         # Nothing was written, and again: never a 503.
         resp = httpx.post(f"{stack.base}/v1/jobs", json=huge, headers=h["a"])
-        _envelope(resp, 413, "request_too_large")
+        envelope(resp, 413, "request_too_large")
         assert httpx.get(f"{stack.base}/v1/jobs", headers=h["a"]).json()["data"] == []
 
         job = stack.submit(TASK, headers=h["a"])
@@ -249,7 +221,7 @@ def _close_stream(resp: httpx.Response) -> None:
 def test_event_streams_are_capped_per_key(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
-    auth, h = _keys("a", "b")
+    auth, h = keys_with_limits("a", "b")
     settings = {"max_streams_per_key": 2, "stream_threads": 2}
     with (
         jobs_stack(broker, s3, model, tmp_path, auth=auth, jobs=settings) as stack,
@@ -266,7 +238,7 @@ def test_event_streams_are_capped_per_key(
             streams.append(resp)
 
         third = httpx.get(f"{stack.base}/v1/jobs/{job_a}/events", headers=h["a"], timeout=10)
-        error = _envelope(third, 429, "rate_limit_exceeded")
+        error = envelope(third, 429, "rate_limit_exceeded")
         assert error["type"] == "rate_limit_error"
         assert "jobs.max_streams_per_key: 2" in error["message"], error
 
@@ -286,7 +258,7 @@ def test_event_streams_are_capped_per_key(
             if again.status_code == 200:
                 return True
             again.read()
-            _envelope(again, 429, "rate_limit_exceeded")
+            envelope(again, 429, "rate_limit_exceeded")
             return False
 
         eventually(reopened, 20, 0.2, "the closed stream's place came back")
@@ -373,61 +345,10 @@ def test_archive_bombs_cost_the_gateway_a_few_mib_and_store_nothing(
                 _, peak = tracemalloc.get_traced_memory()
             finally:
                 tracemalloc.stop()
-            _envelope(resp, 400, code)
+            envelope(resp, 400, code)
             assert peak < 24 * MiB, f"{name}: peak {peak / MiB:.1f} MiB"
             assert httpx.get(f"{stack.base}/v1/models", timeout=10).status_code == 200
         assert len(_uploads(stack, "anonymous")) == 1
-
-
-def test_a_check_stops_when_its_client_leaves_and_frees_its_slot(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
-) -> None:
-    """With the ratio bound off, a 3 KB bzip2 of 4 GiB of zeros takes the check 10-25 s of a
-    core. The client gives up after a second; its check stops within about one
-    disconnect poll, and the replica's only upload slot is free again long before the
-    check would have ended on its own."""
-    settings = {
-        "max_concurrent_uploads": 1,
-        "max_upload_ratio": 1e12,
-        "max_upload_unpacked_bytes": 5 * 1024 * MiB,
-        "upload_check_seconds": 600,
-    }
-    with jobs_stack(broker, s3, model, tmp_path, jobs=settings) as stack:
-        url = f"{stack.base}/v1/jobs/workspaces"
-        bomb = (BOMBS / "bz2-4g.tar.bz2").read_bytes()
-        gave_up: list[bool] = []
-
-        def leaving_client() -> None:
-            # Sent again while a probe below holds the slot (503), until its check runs.
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    resp = httpx.post(url, content=bomb, timeout=httpx.Timeout(10, read=2.0))
-                except httpx.ReadTimeout:
-                    gave_up.append(True)
-                    return
-                assert resp.status_code == 503, resp.text
-
-        client = threading.Thread(target=leaving_client)
-        client.start()
-        small = tar_of({"f": b"x"}, mode="w:gz")
-        # The premise: the bomb's check holds the replica's only slot.
-        seen: list[str] = []
-
-        def held() -> bool:
-            resp = _upload(stack, small, {})
-            seen.append(f"{resp.status_code} {resp.text[:200]}")
-            return resp.status_code == 503
-
-        eventually(held, 10, 0.3, lambda: f"the slot to be held: {seen[-3:]}")
-        client.join(30)
-        assert gave_up == [True]
-        eventually(
-            lambda: _upload(stack, small, {}).status_code == 200,
-            2.5,
-            0.1,
-            "the upload slot was not freed after the client left",
-        )
 
 
 def test_parallel_creates_cannot_pass_the_outstanding_cap_together(
@@ -436,7 +357,7 @@ def test_parallel_creates_cannot_pass_the_outstanding_cap_together(
     """Issue 33: the cap was checked, then recorded, with nothing reserved between, and 100
     parallel creates got past a cap of 100. Here 24 at once against a cap of 6: exactly 6
     are accepted, and the neighbour key's own cap is untouched."""
-    auth, h = _keys("a", "b", a={"max_outstanding_jobs": 6})
+    auth, h = keys_with_limits("a", "b", a={"max_outstanding_jobs": 6})
     with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack:
 
         def create(_: int) -> int:
@@ -452,101 +373,3 @@ def test_parallel_creates_cannot_pass_the_outstanding_cap_together(
         assert JobStore(stack.jobs.storage).outstanding("a", 100) == codes.count(200)
         assert codes.count(200) >= 1
         assert httpx.post(f"{stack.base}/v1/jobs", json=TASK, headers=h["b"]).status_code == 200
-
-
-class SlowUploads:
-    """Slow uploads (4 MiB, a piece every 0.2 s until released: in the gateway's hands,
-    spooling, all along, as a slow client's are) from one key, held until :meth:`release`."""
-
-    def __init__(self, stack: JobsStack, headers: dict[str, str], pool: ThreadPoolExecutor):
-        self._url = f"{stack.base}/v1/jobs/workspaces"
-        self._headers = headers
-        self._pool = pool
-        self._released = threading.Event()
-        self._body = tar_of({"f": bytes(4 * MiB)})
-        self.sent: list[Future[tuple[int, str]]] = []
-
-    def _pieces(self) -> Iterator[bytes]:
-        for start in range(0, len(self._body), 64 * 1024):
-            if not self._released.is_set():
-                self._released.wait(0.2)
-            yield self._body[start : start + 64 * 1024]
-
-    def _send(self) -> tuple[int, str]:
-        resp = httpx.post(self._url, content=self._pieces(), headers=self._headers, timeout=60)
-        return resp.status_code, resp.text[:300]
-
-    def send(self, count: int = 1) -> None:
-        for _ in range(count):
-            self.sent.append(self._pool.submit(self._send))
-
-    def release(self) -> list[int]:
-        """Let them finish; their statuses, sorted."""
-        self._released.set()
-        return sorted(f.result()[0] for f in self.sent)
-
-
-def _refused_while_held(
-    stack: JobsStack,
-    slow: SlowUploads,
-    probe: dict[str, str],
-    status: int,
-    code: str,
-) -> dict[str, Any]:
-    """Probe uploads (``probe``'s key) until one is refused ``status``; its error. A probe
-    that gets through held a slot at the moment a slow upload arrived, which was refused
-    then (its answer waits for its slow body): one more slow upload goes out each time."""
-    small = tar_of({"f": b"x"}, mode="w:gz")
-    seen: list[int] = []
-
-    def refused() -> bool:
-        seen.append(_upload(stack, small, probe).status_code)
-        if seen[-1] != status and len(slow.sent) < 8:
-            slow.send()
-        return seen[-1] == status
-
-    eventually(refused, 10, 0.2, lambda: f"an upload refused {status}: {seen[-5:]}")
-    return _envelope(_upload(stack, small, probe), status, code)
-
-
-def test_one_key_holds_at_most_its_share_of_a_replicas_upload_slots(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
-) -> None:
-    """Eight slow uploads from one key took every slot of a replica: its others' got 503
-    upload_capacity for as long. A key now holds jobs.max_concurrent_uploads_per_key (2)."""
-    auth, h = _keys("a", "b")
-    with jobs_stack(broker, s3, model, tmp_path, auth=auth) as stack, ThreadPoolExecutor(8) as pool:
-        slow = SlowUploads(stack, h["a"], pool)
-        slow.send(2)
-        try:
-            error = _refused_while_held(stack, slow, h["a"], 429, "too_many_concurrent_uploads")
-            assert "jobs.max_concurrent_uploads_per_key: 2" in error["message"]
-            small = tar_of({"f": b"x"}, mode="w:gz")
-            assert _upload(stack, small, h["b"]).status_code == 200  # the neighbour's
-        finally:
-            codes = slow.release()
-        # Two were received (the key's two slots); any other was refused, none failed.
-        assert codes == [200, 200] + [429] * (len(codes) - 2), codes
-
-
-def test_a_replica_receives_at_most_its_uploads_at_once(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
-) -> None:
-    """The README's jobs.max_concurrent_uploads: a replica receiving as many as it takes
-    answers the next, whoever sends it, 503 upload_capacity, and takes
-    uploads again once they end."""
-    auth, h = _keys("a", "b")
-    jobs = {"max_concurrent_uploads": 2}
-    with (
-        jobs_stack(broker, s3, model, tmp_path, auth=auth, jobs=jobs) as stack,
-        ThreadPoolExecutor(8) as pool,
-    ):
-        slow = SlowUploads(stack, h["a"], pool)
-        slow.send(2)
-        try:
-            error = _refused_while_held(stack, slow, h["b"], 503, "upload_capacity")
-            assert "jobs.max_concurrent_uploads" in error["message"], error
-        finally:
-            codes = slow.release()
-        assert codes == [200, 200] + [503] * (len(codes) - 2), codes
-        assert _upload(stack, tar_of({"f": b"x"}, mode="w:gz"), h["b"]).status_code == 200
