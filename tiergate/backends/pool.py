@@ -8,6 +8,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -175,12 +176,9 @@ class TierPool:
     async def check(self, ep: Endpoint) -> None:
         """Active check: ``/health`` decides health; ``/metrics`` and ``/v1/models`` refresh
         the load signals and the model list when the endpoint answers."""
-        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         was_healthy = ep.healthy
         try:
-            async with self._session.get(
-                f"{ep.url}/health", timeout=timeout, headers=self.auth_headers
-            ) as resp:
+            async with self._get(ep, "/health") as resp:
                 ep.healthy = resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             ep.healthy = False
@@ -199,12 +197,15 @@ class TierPool:
                 "healthy" if ep.healthy else "unhealthy",
             )
 
+    def _get(
+        self, ep: Endpoint, path: str, timeout_s: float | None = None
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self._health.timeout_seconds)
+        return self._session.get(f"{ep.url}{path}", timeout=timeout, headers=self.auth_headers)
+
     async def _scrape_load(self, ep: Endpoint) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
-            async with self._session.get(
-                f"{ep.url}/metrics", timeout=timeout, headers=self.auth_headers
-            ) as resp:
+            async with self._get(ep, "/metrics") as resp:
                 if resp.status == 200:
                     ep.load = parse_load_signals(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
@@ -212,10 +213,9 @@ class TierPool:
 
     async def _fetch_routes(self, ep: Endpoint) -> None:
         # Once per engine start: vLLM's description lists the routes it registered.
-        timeout = aiohttp.ClientTimeout(total=max(self._health.timeout_seconds, 5.0))
         try:
-            async with self._session.get(
-                f"{ep.url}/openapi.json", timeout=timeout, headers=self.auth_headers
+            async with self._get(
+                ep, "/openapi.json", max(self._health.timeout_seconds, 5.0)
             ) as resp:
                 ep.routes_asked = True
                 paths = (await resp.json()).get("paths") if resp.status == 200 else None
@@ -227,11 +227,8 @@ class TierPool:
             log.debug("route list of %s failed: %s", ep.url, exc)
 
     async def _fetch_models(self, ep: Endpoint) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._health.timeout_seconds)
         try:
-            async with self._session.get(
-                f"{ep.url}/v1/models", timeout=timeout, headers=self.auth_headers
-            ) as resp:
+            async with self._get(ep, "/v1/models") as resp:
                 if resp.status == 200:
                     body = await resp.json()
                     ep.models = {m["id"]: m for m in body.get("data", []) if "id" in m}

@@ -17,6 +17,8 @@ import time
 
 from aiohttp import web
 
+from tiergate.bench.served import model_server
+
 MODEL = "bench-model"
 
 
@@ -45,16 +47,6 @@ def build_app(chunks: int, gap_ms: float) -> web.Application:
             "usage": {"prompt_tokens": 1, "completion_tokens": chunks, "total_tokens": chunks + 1},
         }
     ).encode()
-    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1}]}
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def list_models(request: web.Request) -> web.Response:
-        return web.json_response(models)
 
     async def stream(request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -68,12 +60,7 @@ def build_app(chunks: int, gap_ms: float) -> web.Application:
         await resp.write(b"data: " + usage + b"\n\ndata: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_post("/v1/chat/completions", stream)
-    return app
+    return model_server(MODEL, stream)
 
 
 if __name__ == "__main__":

@@ -13,3 +13,8 @@ def write_report(out: Path, name: str, report: Any, markdown: str) -> None:
     (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"{name}.md").write_text(markdown)
     print(markdown)
+
+
+def table_head(*columns: str) -> list[str]:
+    """A Markdown table's first two lines, after a blank one."""
+    return ["", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]

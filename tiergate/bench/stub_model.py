@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tiergate.bench.served import model_server
+
 MODEL = "bench-agent"
 
 
@@ -28,17 +30,6 @@ def reply_for(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def build_app() -> web.Application:
-    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1}]}
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response()
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def list_models(request: web.Request) -> web.Response:
-        return web.json_response(models)
-
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         content = reply_for(body.get("messages") or [])
@@ -59,12 +50,7 @@ def build_app() -> web.Application:
             }
         )
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_post("/v1/chat/completions", chat)
-    return app
+    return model_server(MODEL, chat)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from tiergate.bench.report import table_head
 from tiergate.measure.fingerprint import hardware_fingerprint
 from tiergate.measure.stream import Sample, run_level
 from tiergate.speculative.measure import WORKLOADS, acceptance_between, spec_counters
@@ -243,24 +244,22 @@ def _workload_rows(w: dict[str, Any]) -> list[str]:
                 f"{s['ttft_p99_ms']:.0f} | {s['tpot_p50_ms']:.1f} / "
                 f"{s['tpot_p99_ms']:.1f} |"
             )
-    rows += [
-        "",
-        "| concurrency | fast/standard output speed (ratio of median TPOT) | "
-        "fast/standard aggregate tokens/s |",
-        "|---|---|---|",
-    ]
+    rows += table_head(
+        "concurrency",
+        "fast/standard output speed (ratio of median TPOT)",
+        "fast/standard aggregate tokens/s",
+    )
     for level, ratio in w["ratios"].items():
         rows.append(
             f"| {level} | {1 / ratio['tpot_p50_ms']:.2f}x | "
             f"{ratio['aggregate_tokens_per_s']:.2f}x |"
         )
     if "vs_plain" in w:
-        rows += [
-            "",
-            "| concurrency | standard tier / plain `vllm serve` (output speed) | "
-            "fast tier / plain `vllm serve` |",
-            "|---|---|---|",
-        ]
+        rows += table_head(
+            "concurrency",
+            "standard tier / plain `vllm serve` (output speed)",
+            "fast tier / plain `vllm serve`",
+        )
         for level, ratio in w["vs_plain"].items():
             rows.append(f"| {level} | {ratio['standard']:.2f}x | {ratio['fast']:.2f}x |")
     if "acceptance" in w:

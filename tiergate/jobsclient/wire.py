@@ -80,14 +80,12 @@ def submit(job: Mapping[str, Any] | JobCreate, idempotency_key: str | None) -> C
     )
 
 
+def _upload(path: str, body: bytes, content_type: str) -> Call[str]:
+    return Call("POST", path, _upload_id, content=body, headers={"content-type": content_type})
+
+
 def upload(body: bytes) -> Call[str]:
-    return Call(
-        "POST",
-        "/v1/jobs/workspaces",
-        _upload_id,
-        content=body,
-        headers={"content-type": "application/octet-stream"},
-    )
+    return _upload("/v1/jobs/workspaces", body, "application/octet-stream")
 
 
 def get(job_id: str) -> Call[Job]:
@@ -118,13 +116,7 @@ def _lines(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 def upload_tasks(body: bytes) -> Call[str]:
-    return Call(
-        "POST",
-        "/v1/jobs/batches/tasks",
-        _upload_id,
-        content=body,
-        headers={"content-type": "application/jsonl"},
-    )
+    return _upload("/v1/jobs/batches/tasks", body, "application/jsonl")
 
 
 def batch_body(

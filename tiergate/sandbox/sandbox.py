@@ -177,14 +177,10 @@ class Sandbox:
         assert self._cgroup is not None
         filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
         try:
-            proc = subprocess.Popen(
+            proc = _launch(
                 ["/bin/sh", "-c", STANDBY, "sandbox", str(self._script)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=() if filter_fd is None else (filter_fd,),
-                env=LAUNCH_ENV,
+                filter_fd,
+                subprocess.PIPE,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start a command: {exc}") from exc
@@ -391,14 +387,8 @@ class Sandbox:
         filter_fd = None if self._filter is None else seccomp.as_fd(self._filter)
         try:
             with self._lock:
-                proc = self._proc = subprocess.Popen(
-                    line(seccomp_fd=filter_fd),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    pass_fds=() if filter_fd is None else (filter_fd,),
-                    env=LAUNCH_ENV,
+                proc = self._proc = _launch(
+                    line(seccomp_fd=filter_fd), filter_fd, subprocess.DEVNULL
                 )
         finally:
             if filter_fd is not None:
@@ -438,3 +428,18 @@ def _discard(proc: subprocess.Popen[bytes]) -> None:
     for pipe in (proc.stdin, proc.stdout):
         if pipe is not None:
             pipe.close()
+
+
+def _launch(argv: list[str], filter_fd: int | None, stdin: int) -> subprocess.Popen[bytes]:
+    """A process of the sandbox: a session of its own (its group is what is killed), the
+    launch environment only, output and errors on one pipe, and no descriptor but the
+    seccomp filter's."""
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=stdin,
+        start_new_session=True,
+        pass_fds=() if filter_fd is None else (filter_fd,),
+        env=LAUNCH_ENV,
+    )

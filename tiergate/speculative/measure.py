@@ -129,15 +129,7 @@ def measure_acceptance(
     with httpx.Client(base_url=url.rstrip("/"), timeout=300) as client:
         before = _metrics(client)
         for prompt in prompts or PROMPTS:
-            client.post(
-                "/v1/chat/completions",
-                json={
-                    "model": model,
-                    "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                },
-            ).raise_for_status()
+            _greedy(client, model, prompt, max_tokens)
         return acceptance_between(before, _metrics(client))
 
 

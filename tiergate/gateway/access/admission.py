@@ -160,39 +160,32 @@ class Admission:
         try:
             await gate.enter(priority, wait)
         except LookupError:
-            if flex:
-                raise self._flex_unavailable(f"The {tier.value} {what} is full") from None
-            raise OpenAIError(
-                503,
-                f"The {tier.value} {what} is at capacity; retry shortly.",
-                code="capacity_exceeded",
-                type_="server_error",
-                headers={"retry-after": "1"},
-            ) from None
+            raise self._refusal(f"The {tier.value} {what} is at capacity", "1", flex) from None
         except TimeoutError:
             waited = f"Waited {self._wait_of(flex):g}s for the {tier.value} {what}"
-            if flex:
-                raise self._flex_unavailable(waited) from None
-            raise OpenAIError(
-                503,
-                f"{waited}; retry shortly.",
-                code="capacity_exceeded",
-                type_="server_error",
-                headers={"retry-after": "2"},
-            ) from None
+            raise self._refusal(waited, "2", flex) from None
+
+    def _refusal(self, what: str, retry_after: str, flex: bool) -> OpenAIError:
+        """A gate full or waited out: OpenAI's flex answer (429, not billed, retry later),
+        else a 503 to retry shortly."""
+        if flex:
+            return OpenAIError(
+                429,
+                f"{what}: flex capacity is unavailable now; retry later, or use the default tier.",
+                code="resource_unavailable",
+                type_="rate_limit_error",
+                headers={"retry-after": str(self._flex.retry_after_seconds)},
+            )
+        return OpenAIError(
+            503,
+            f"{what}; retry shortly.",
+            code="capacity_exceeded",
+            type_="server_error",
+            headers={"retry-after": retry_after},
+        )
 
     def _wait_of(self, flex: bool) -> float:
         return self._flex.queue_timeout_seconds if flex else self._settings.queue_timeout_seconds
-
-    def _flex_unavailable(self, what: str) -> OpenAIError:
-        """OpenAI's answer when flex capacity is short: 429, not billed, retry later."""
-        return OpenAIError(
-            429,
-            f"{what}: flex capacity is unavailable now; retry later, or use the default tier.",
-            code="resource_unavailable",
-            type_="rate_limit_error",
-            headers={"retry-after": str(self._flex.retry_after_seconds)},
-        )
 
 
 def _each(settings: AdmissionSettings) -> list[tuple[Tier, TierAdmission]]:

@@ -112,6 +112,10 @@ class Route:
 
 
 _OUTPUT = ("max_tokens", "max_completion_tokens")
+# What the chat and the legacy completions routes share.
+_COMPLETIONS: dict[str, Any] = dict(
+    streams=True, echoes_tier=True, max_token_fields=_OUTPUT, asks_stream_usage=True
+)
 
 ROUTES: dict[str, Route] = {
     r.path: r
@@ -121,20 +125,14 @@ ROUTES: dict[str, Route] = {
             RouteKind.GENERATE,
             "OpenAI chat completions",
             _messages_or_prompt,
-            streams=True,
-            echoes_tier=True,
-            max_token_fields=_OUTPUT,
-            asks_stream_usage=True,
+            **_COMPLETIONS,
         ),
         Route(
             "/v1/completions",
             RouteKind.GENERATE,
             "OpenAI (legacy) completions",
             _messages_or_prompt,
-            streams=True,
-            echoes_tier=True,
-            max_token_fields=_OUTPUT,
-            asks_stream_usage=True,
+            **_COMPLETIONS,
         ),
         Route(
             "/v1/responses",
