@@ -208,8 +208,11 @@ class BatchApiSettings(_Section):
     plus their max_tokens). A cancelled batch is final once its chunks in flight have
     ended, or after ``cancel_grace_seconds``."""
 
-    chunk_lines: int = Field(16, ge=1, le=1000)
-    line_concurrency: int = Field(4, ge=1, le=64)
+    # A worker runs one chunk at a time, so line_concurrency is at most chunk_lines. The
+    # gateway's patient lane (admission.patient) decides how many lines the engines take
+    # while interactive callers are about; these only bound what one worker offers.
+    chunk_lines: int = Field(64, ge=1, le=1000)
+    line_concurrency: int = Field(32, ge=1, le=64)
     line_timeout_seconds: float = Field(600.0, gt=0)
     line_patience_seconds: float = Field(900.0, gt=0)
     max_active_batches: int = Field(16, ge=1)

@@ -291,6 +291,37 @@ class FlexAdmission(_Section):
     retry_after_seconds: int = Field(5, ge=1)
 
 
+class PatientAdmission(_Section):
+    """The patient lane: flex requests and agent jobs' model calls (OpenAI batch lines among
+    them) share the engines with interactive callers; at most ``max_concurrent`` of them
+    hold a slot at once, and with ``adaptive`` fewer: as many as keeps interactive streams'
+    time per output token within ``target_slowdown`` of its reference, the same measured
+    with no more than ``min_concurrent`` patient requests beside it
+    (tiergate.gateway.access.patience). Patient requests wait up to
+    ``queue_timeout_seconds`` for a slot (flex: its own lane's timeout), under an agent
+    job's 120 s model-call timeout; past it, flex gets 429 ``resource_unavailable`` and the
+    others 503 (batch lines retry it)."""
+
+    adaptive: bool = True
+    max_concurrent: int = Field(64, ge=1)
+    min_concurrent: int = Field(1, ge=1)
+    max_queue: int = Field(4096, ge=0)
+    queue_timeout_seconds: float = Field(90.0, gt=0)
+    target_slowdown: float = Field(1.4, gt=1)
+    # The limit is changed at most this often, from the median of the interactive streams
+    # that ended since; with no interactive stream for quiet_seconds it is lifted to
+    # max_concurrent (nobody to protect).
+    adjust_seconds: float = Field(1.0, gt=0)
+    quiet_seconds: float = Field(5.0, gt=0)
+    reference_samples: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _floor_under_ceiling(self) -> PatientAdmission:
+        if self.min_concurrent > self.max_concurrent:
+            raise ValueError("admission.patient: min_concurrent is over max_concurrent")
+        return self
+
+
 def _default_admission() -> dict[Tier, TierAdmission]:
     return {tier: TierAdmission() for tier in Tier}
 
@@ -310,6 +341,7 @@ class AdmissionSettings(_Section):
     # tier instead (policy.busy_downgrade).
     priority_wait_seconds: float = Field(1.0, gt=0)
     flex: FlexAdmission = Field(default_factory=FlexAdmission)
+    patient: PatientAdmission = Field(default_factory=PatientAdmission)
 
     @field_validator("tiers", mode="after")
     @classmethod

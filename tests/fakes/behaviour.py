@@ -16,6 +16,9 @@ class FakeBehaviour:
     status: int = 500
     chunks: int = 5
     chunk_delay: float = 0.0
+    # An engine whose step grows with its batch: a stream's chunks come this much later
+    # again for each completion request in flight (its own included).
+    load_delay: float = 0.0
     healthy: bool = True
     running: float = 0.0
     waiting: float = 0.0
@@ -46,6 +49,9 @@ class FakeBehaviour:
 class FakeRecord:
     requests: int = 0
     cancelled: int = 0
+    # Completion requests being answered now, and the most there were at once.
+    in_flight: int = 0
+    most_in_flight: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     # The headers of each completion request, in the order of ``bodies``.
     headers: list[dict[str, str]] = field(default_factory=list)

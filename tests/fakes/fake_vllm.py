@@ -250,6 +250,8 @@ class FakeVllm:
             return web.json_response({"error": error}, status=400)
         if request.path == "/v1/responses" and b.mode not in ("status", "hang"):
             return await self._respond(request, body)
+        self.record.in_flight += 1
+        self.record.most_in_flight = max(self.record.most_in_flight, self.record.in_flight)
         try:
             if b.mode == "status":
                 return web.json_response(
@@ -299,6 +301,8 @@ class FakeVllm:
         except asyncio.CancelledError:
             self.record.cancelled += 1
             raise
+        finally:
+            self.record.in_flight -= 1
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], chat: bool
@@ -313,8 +317,8 @@ class FakeVllm:
             reply = b.replies.pop(0) if len(b.replies) > 1 else b.replies[0]
             await asyncio.sleep(b.chunk_delay)
         for i in range(1 if reply is not None else b.chunks):
-            if i > 0 and b.chunk_delay:
-                await asyncio.sleep(b.chunk_delay)
+            if i > 0 and (b.chunk_delay or b.load_delay):
+                await asyncio.sleep(b.chunk_delay + b.load_delay * self.record.in_flight)
             if b.mode == "cut_stream" and i == 2:
                 await asyncio.sleep(0.1)  # let the earlier chunks leave before the cut
                 assert request.transport is not None
@@ -402,8 +406,8 @@ class FakeVllm:
 
         await event("response.created", {"response": self._response_object("", "in_progress")})
         for i in range(b.chunks):
-            if i > 0 and b.chunk_delay:
-                await asyncio.sleep(b.chunk_delay)
+            if i > 0 and (b.chunk_delay or b.load_delay):
+                await asyncio.sleep(b.chunk_delay + b.load_delay * self.record.in_flight)
             if b.mode == "truncate_stream" and i == 2:
                 return resp
             delta = {"delta": f"tok{i} ", "item_id": "msg-1", "output_index": 0}

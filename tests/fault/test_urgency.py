@@ -15,7 +15,7 @@ import httpx
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.servers import gateway_settings, running_gateway
-from tiergate.gateway.access.admission import Gate
+from tiergate.gateway.access.gate import Gate
 from tiergate.gateway.access.gatekeeper import admission_rank
 from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, JOB_URGENCY, PRIORITY_URGENCY
 

@@ -60,6 +60,8 @@ class BatchBenchParams:
     model: str | None = None
     baseline: bool = True  # run vLLM's run-batch (minutes: its engine loads, maybe compiles)
     timeout_seconds: float = 3600.0
+    # The gateway's /metrics, where the patient lane's limit is read while the batch runs.
+    metrics_url: str | None = None
 
 
 def batch_rows(model: str, count: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -138,11 +140,15 @@ def run_through_tiergate(
         raise RuntimeError(f"the batch was not accepted: {batch.status} {batch.errors}")
     final: dict[str, Any] = {}
     ended = threading.Event()
+    limits: list[float] = []
 
     def poll() -> None:
         last_said = 0.0
         deadline = started + params.timeout_seconds
         while time.monotonic() < deadline:
+            limit = lane_limit(params.metrics_url)
+            if limit is not None:
+                limits.append(limit)
             got = client.batches.retrieve(batch.id)
             if got.status in ("completed", "failed", "expired", "cancelled"):
                 final.update(batch=got, seconds=time.monotonic() - started)
@@ -173,7 +179,30 @@ def run_through_tiergate(
         "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / final["seconds"],
         "busy": latency(busy),
+        "patient_lane_limit": (
+            {"median": statistics.median(limits), "min": min(limits), "max": max(limits)}
+            if limits
+            else None
+        ),
     }
+
+
+def lane_limit(metrics_url: str | None) -> float | None:
+    """The standard tier's patient-lane limit on the gateway's /metrics (None unread)."""
+    if metrics_url is None:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(metrics_url, timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "tiergate_patient_lane_limit":
+            for sample in family.samples:
+                if sample.labels.get("tier") == "standard":
+                    return float(sample.value)
+    return None
 
 
 def run_batch_command(profile: TierProfile, source: Path, target: Path) -> list[str]:

@@ -61,9 +61,20 @@ def render_batch(result: dict[str, Any], command: str) -> str:
         f"| while the batch runs | {busy['requests']} | {busy['ttft_p50_ms']:.0f} | "
         f"{busy['tpot_p50_ms']:.1f} |",
         "",
+        _limit_line(ours.get("patient_lane_limit")),
+        "",
         "The tiergate batch's seconds run from create to the poll (every second) that saw it "
         "final; run-batch's from its engine loaded to its output file written. Goals are "
         "reported, not asserted: a benchmark measures.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _limit_line(limit: dict[str, float] | None) -> str:
+    if limit is None:
+        return "The gateway's patient-lane limit was not read (its /metrics did not answer)."
+    return (
+        "The gateway's patient-lane limit (admission.patient) while the batch ran, read every "
+        f"second: median {limit['median']:g}, from {limit['min']:g} to {limit['max']:g}."
+    )

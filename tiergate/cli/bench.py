@@ -331,9 +331,21 @@ def bench_batch_cmd(
     from tiergate.bench.report import write_report
 
     settings = settings_or_exit()
-    params = BatchBenchParams(gateway, api_key, lines, max_tokens, probes, baseline=baseline)
+    port = settings.gateway.metrics_port
+    params = BatchBenchParams(
+        gateway,
+        api_key,
+        lines,
+        max_tokens,
+        probes,
+        baseline=baseline,
+        metrics_url=f"http://127.0.0.1:{port}/metrics" if port else None,
+    )
     lane = settings.jobs.batch_api.model_dump(include={"chunk_lines", "line_concurrency"}) | {
-        "workers": "as the stack runs them"
+        "workers": "as the stack runs them",
+        "patient": settings.admission.patient.model_dump(
+            include={"adaptive", "max_concurrent", "min_concurrent", "target_slowdown"}
+        ),
     }
     result = bench_batch(
         params,

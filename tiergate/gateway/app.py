@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
@@ -103,6 +104,14 @@ def _hot_path(state: GatewayState, body_read_timeout_seconds: float) -> ASGIApp:
     return BodyReadDeadline(endpoint, body_read_timeout_seconds)
 
 
+async def _tick(admission: Admission, every: float) -> None:
+    """The patient lanes' clock (PatientLane.tick): their limits rise when interactive
+    callers are quiet even if no request arrives."""
+    while True:
+        await asyncio.sleep(every)
+        admission.tick()
+
+
 async def _completion_endpoint(
     state: GatewayState, scope: Scope, receive: Receive, send: Send
 ) -> None:
@@ -149,12 +158,13 @@ def create_app(settings: Settings) -> FastAPI:
         }
         metrics = GatewayMetrics(pools, settings.prometheus_multiproc_dir)
         limiter = Limiter(settings.limits)
+        listed = [set(settings.tiers[t].endpoints) for t in (Tier.STANDARD, Tier.FAST)]
         admission = Admission(
             settings.admission,
             {tier: bool(settings.tiers[tier].long_context_endpoints) for tier in Tier},
+            shared_engines=bool(listed[0]) and listed[0] == listed[1],
         )
         metrics.registry.register(AdmissionCollector(admission, limiter))
-        listed = [set(settings.tiers[t].endpoints) for t in (Tier.STANDARD, Tier.FAST)]
         evidence = TierEvidence(
             settings.gateway.tier_evidence_file,
             settings.policy.engine_priorities,
@@ -186,6 +196,7 @@ def create_app(settings: Settings) -> FastAPI:
             state.files, state.openai_batches = wiring.files, wiring.openai_batches
         for pool in pools.values():
             await pool.start()
+        ticking = asyncio.create_task(_tick(admission, settings.admission.patient.adjust_seconds))
         if isinstance(app, GatewayApp):
             app.hot_path = _hot_path(state, settings.gateway.body_read_timeout_seconds)
         # What start-up built (settings, the OpenAPI models, the pools) lives as long as the
@@ -217,6 +228,7 @@ def create_app(settings: Settings) -> FastAPI:
                 app.hot_path = None
             if listener is not None:
                 await listener.stop()
+            ticking.cancel()
             for pool in pools.values():
                 await pool.stop()
             upstream.close()

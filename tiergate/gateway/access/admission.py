@@ -9,94 +9,27 @@ timeout, gets 429 ``resource_unavailable`` with ``retry-after``.
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 import time
-from dataclasses import dataclass, field
 
+from tiergate.gateway.access.gate import Gate, Ticket
+from tiergate.gateway.access.patience import PatientLane
 from tiergate.gateway.errors import OpenAIError
 from tiergate.settings import AdmissionSettings, TierAdmission
 from tiergate.tiers import Tier
 
 
-@dataclass(order=True)
-class _Waiter:
-    sort_key: tuple[int, int]
-    future: asyncio.Future[None] = field(compare=False)
-
-
-class Gate:
-    """At most ``capacity`` holders; the rest wait in priority order, at most ``max_queue``."""
-
-    def __init__(self, capacity: int, max_queue: int) -> None:
-        self.capacity = capacity
-        self.max_queue = max_queue
-        self.active = 0
-        self._queue: list[_Waiter] = []
-        self._seq = itertools.count()
-
-    @property
-    def queued(self) -> int:
-        return sum(1 for w in self._queue if not w.future.done())
-
-    def try_enter(self) -> bool:
-        if self._queue and self.queued == 0:
-            self._queue.clear()  # only abandoned waiters were left
-        if self.active < self.capacity and not self._queue:
-            self.active += 1
-            return True
-        return False
-
-    async def enter(self, priority: int, wait_seconds: float) -> None:
-        """Wait for a slot; raises ``LookupError`` when the queue is full and
-        ``TimeoutError`` when the wait is too long."""
-        if self.try_enter():
-            return
-        if self.queued >= self.max_queue:
-            raise LookupError("queue full")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._queue, _Waiter((-priority, next(self._seq)), future))
-        try:
-            async with asyncio.timeout(wait_seconds):
-                await future
-        except BaseException:
-            if future.done() and not future.cancelled():
-                self.leave()  # the slot was handed over just as we gave up: pass it on
-            else:
-                future.cancel()
-            raise
-
-    def leave(self) -> None:
-        while self._queue:
-            waiter = heapq.heappop(self._queue)
-            if not waiter.future.done():
-                waiter.future.set_result(None)  # the slot passes straight to the waiter
-                return
-        self.active -= 1
-
-
-@dataclass(slots=True)
-class Ticket:
-    """Slots held by one request; released exactly once when its response ends."""
-
-    gates: list[Gate]
-    waited_seconds: float
-    _released: bool = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            for gate in reversed(self.gates):
-                gate.leave()
-
-
 class Admission:
     """The per-tier gates and the long-context lane's gates."""
 
-    def __init__(self, settings: AdmissionSettings, designated_long: dict[Tier, bool]) -> None:
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        designated_long: dict[Tier, bool],
+        shared_engines: bool = False,
+    ) -> None:
         self._settings = settings
         self._flex = settings.flex
+        self._patient = settings.patient
         self.tiers = {
             tier: Gate(cfg.max_concurrent, cfg.max_queue) for tier, cfg in _each(settings)
         }
@@ -110,6 +43,22 @@ class Admission:
         # Flex requests hold a flex slot as well as a tier slot: at most flex.max_concurrent
         # of a tier's slots go to the patient lane, the rest stay free for interactive calls.
         self.flex = {tier: Gate(self._flex.max_concurrent, self._flex.max_queue) for tier in Tier}
+        # Patient requests (flex, agent jobs' calls) hold a patient-lane slot too: one lane
+        # per group of engines (both tiers' where they share them), its limit set from what
+        # interactive streams see (tiergate.gateway.access.patience).
+        if shared_engines:
+            lane = PatientLane(self._patient)
+            self.patient = dict.fromkeys(Tier, lane)
+        else:
+            self.patient = {tier: PatientLane(self._patient) for tier in Tier}
+
+    def lanes(self) -> list[PatientLane]:
+        """Each patient lane once."""
+        return list({id(lane): lane for lane in self.patient.values()}.values())
+
+    def tick(self) -> None:
+        for lane in self.lanes():
+            lane.tick()
 
     def fast_has_headroom(self) -> bool:
         gate = self.tiers[Tier.FAST]
@@ -125,27 +74,29 @@ class Admission:
         long_prompt: bool,
         flex: bool = False,
         wait_seconds: float | None = None,
+        patient: bool = False,
     ) -> Ticket:
         """Slots on ``tier`` (and its lanes), waiting at most ``wait_seconds`` in all (the
-        flex lane's timeout for flex, else the queue timeout); refused as the module says."""
+        flex lane's timeout for flex, the patient lane's for other patient requests, else
+        the queue timeout); refused as the module says. Flex is patient."""
         gate = self.tiers[tier]
         lanes: list[tuple[Gate, str]] = []
         if flex:
             lanes.append((self.flex[tier], "flex lane"))
+        if flex or patient:
+            lanes.append((self.patient[tier].gate, "patient lane"))
         if long_prompt and tier in self.long:
             lanes.append((self.long[tier], "long-context lane"))
         if not lanes and gate.try_enter():
             return Ticket([gate], 0.0)  # a free slot and no queue: nothing to wait for
         if wait_seconds is None:
-            wait_seconds = (
-                self._flex.queue_timeout_seconds if flex else self._settings.queue_timeout_seconds
-            )
+            wait_seconds = self._wait_of(flex, patient)
         started = time.perf_counter()
         deadline = started + wait_seconds
         gates: list[Gate] = []
         try:
             for lane, what in [*lanes, (gate, "tier")]:
-                await self._enter(lane, tier, priority, what, deadline, flex)
+                await self._enter(lane, tier, priority, what, deadline, flex, wait_seconds)
                 gates.append(lane)
         except BaseException:
             for held in reversed(gates):
@@ -154,7 +105,14 @@ class Admission:
         return Ticket(gates, time.perf_counter() - started)
 
     async def _enter(
-        self, gate: Gate, tier: Tier, priority: int, what: str, deadline: float, flex: bool
+        self,
+        gate: Gate,
+        tier: Tier,
+        priority: int,
+        what: str,
+        deadline: float,
+        flex: bool,
+        waited: float,
     ) -> None:
         wait = max(0.0, deadline - time.perf_counter())
         try:
@@ -162,8 +120,9 @@ class Admission:
         except LookupError:
             raise self._refusal(f"The {tier.value} {what} is at capacity", "1", flex) from None
         except TimeoutError:
-            waited = f"Waited {self._wait_of(flex):g}s for the {tier.value} {what}"
-            raise self._refusal(waited, "2", flex) from None
+            raise self._refusal(
+                f"Waited {waited:g}s for the {tier.value} {what}", "2", flex
+            ) from None
 
     def _refusal(self, what: str, retry_after: str, flex: bool) -> OpenAIError:
         """A gate full or waited out: OpenAI's flex answer (429, not billed, retry later),
@@ -184,8 +143,12 @@ class Admission:
             headers={"retry-after": retry_after},
         )
 
-    def _wait_of(self, flex: bool) -> float:
-        return self._flex.queue_timeout_seconds if flex else self._settings.queue_timeout_seconds
+    def _wait_of(self, flex: bool, patient: bool) -> float:
+        if flex:
+            return self._flex.queue_timeout_seconds
+        if patient:
+            return self._patient.queue_timeout_seconds
+        return self._settings.queue_timeout_seconds
 
 
 def _each(settings: AdmissionSettings) -> list[tuple[Tier, TierAdmission]]:

@@ -33,8 +33,29 @@ class AdmissionCollector(Collector):
             for tier, gate in gates.items():
                 depth.add_metric([tier.value, lane], float(gate.queued))
                 active.add_metric([tier.value, lane], float(gate.active))
+        for tier, patient in self._admission.patient.items():
+            depth.add_metric([tier.value, "patient"], float(patient.gate.queued))
+            active.add_metric([tier.value, "patient"], float(patient.gate.active))
         yield depth
         yield active
+        limit = GaugeMetricFamily(
+            "tiergate_patient_lane_limit",
+            "Patient requests (flex, agent jobs' calls) that may hold a slot now: set from "
+            "interactive streams' time per output token (admission.patient)",
+            labels=["tier"],
+        )
+        slowdown = GaugeMetricFamily(
+            "tiergate_patient_lane_slowdown",
+            "Interactive streams' median time per output token over its reference, as the "
+            "patient lane's limit last saw it",
+            labels=["tier"],
+        )
+        for tier, patient in self._admission.patient.items():
+            limit.add_metric([tier.value], float(patient.limit))
+            if patient.slowdown is not None:
+                slowdown.add_metric([tier.value], patient.slowdown)
+        yield limit
+        yield slowdown
         if self._limiter.configured_redis:
             yield GaugeMetricFamily(
                 "tiergate_ratelimit_redis_up",

@@ -6,15 +6,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tiergate.gateway.access.admission import Admission, Ticket
+from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.auth import Authenticator, Caller
+from tiergate.gateway.access.gate import Ticket
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.access.models import ServedModels
+from tiergate.gateway.access.patience import PatientLane
 from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierChoice, TierPolicy
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.settings import KeyLimits, Settings
-from tiergate.tiers import FLEX_URGENCY
+from tiergate.tiers import FLEX_URGENCY, Tier
 
 
 class Asking(Protocol):
@@ -45,7 +47,16 @@ class Lease:
     decision: Decision | None = None
     ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # An interactive request's patient lane, and the patient requests in flight when it
+    # was admitted: its stream's TPOT is that lane's signal (PatientLane.observe).
+    lane: PatientLane | None = None
+    lane_at_start: int = 0
     _ended: bool = False
+
+    def observe_tpot(self, tier: Tier, tpot: float) -> None:
+        """An interactive stream served on ``tier`` ended with this time per output token."""
+        if self.lane is not None and tier is self.choice.tier:
+            self.lane.observe(tpot, self.lane_at_start)
 
     def end(self, usage: dict[str, Any] | None = None) -> None:
         if self._ended:
@@ -140,20 +151,24 @@ class Gatekeeper:
             if not decision.allowed:
                 raise self._refused(caller, decision, lease.headers)
         rank = admission_rank(caller.priority, choice.urgency)
+        # Patient: flex, and every call of an agent job (batch lines among them).
+        patient = choice.flex or caller.for_job
         long_prompt = self.admission.is_long(estimate)
         instead = self.policy.when_busy(caller, choice, req.needs)
         try:
             try:
                 wait = None if instead is None else self._settings.admission.priority_wait_seconds
                 lease.ticket = await self.admission.admit(
-                    choice.tier, rank, long_prompt, choice.flex, wait
+                    choice.tier, rank, long_prompt, choice.flex, wait, patient
                 )
             except OpenAIError as err:
                 if instead is None or err.code != "capacity_exceeded":
                     raise
                 self._metrics.admission_rejected.labels(choice.tier.value).inc()
                 lease.choice = instead
-                lease.ticket = await self.admission.admit(instead.tier, rank, long_prompt)
+                lease.ticket = await self.admission.admit(
+                    instead.tier, rank, long_prompt, patient=patient
+                )
         except OpenAIError as err:
             lease.end()
             self._metrics.admission_rejected.labels(lease.choice.tier.value).inc()
@@ -161,6 +176,9 @@ class Gatekeeper:
             raise
         m = self._metrics
         m.observe(m.queue_wait, lease.ticket.waited_seconds, lease.choice.tier)
+        if not patient:
+            lease.lane = self.admission.patient[lease.choice.tier]
+            lease.lane_at_start = lease.lane.started()
         return lease
 
 

@@ -322,6 +322,8 @@ class CompletionsProxy:
                     tpot = (end - result.first_token_at) / (out_tokens - 1)
                     self._metrics.observe(self._metrics.tpot, tpot, tier)
                     fields["tpot_ms"] = round(tpot * 1000.0, 3)
+                    if result.completed:
+                        ctx.lease.observe_tpot(tier, tpot)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
             self._finish(

@@ -1,0 +1,149 @@
+"""The patient lane's limit (tiergate.gateway.access.patience) on a fake clock, and the gate
+it resizes: what an operator would check on /metrics, driven by the TPOT samples the proxy
+hands it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiergate.gateway.access.gate import Gate
+from tiergate.gateway.access.patience import PatientLane
+from tiergate.settings import PatientAdmission
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lane(**overrides: object) -> tuple[PatientLane, Clock]:
+    clock = Clock()
+    settings = PatientAdmission.model_validate(
+        {"max_concurrent": 32, "min_concurrent": 1, "adjust_seconds": 1.0, **overrides}
+    )
+    return PatientLane(settings, clock), clock
+
+
+def _fill(lane: PatientLane, n: int) -> None:
+    for _ in range(n):
+        assert lane.gate.try_enter()
+
+
+def _window(lane: PatientLane, clock: Clock, tpot: float, at_start: int) -> None:
+    """One adjustment window's interactive streams."""
+    for _ in range(3):
+        lane.observe(tpot, at_start)
+    clock.now += 1.0
+    lane.observe(tpot, at_start)
+
+
+def test_without_a_reference_the_lane_falls_to_its_floor_to_measure_one() -> None:
+    lane, clock = _lane()
+    _fill(lane, 20)
+    _window(lane, clock, 0.050, at_start=20)
+    assert lane.limit == 1
+    assert lane.slowdown is None
+
+
+def test_slowdown_over_the_target_halves_the_limit_down_to_the_floor() -> None:
+    lane, clock = _lane()
+    _window(lane, clock, 0.030, at_start=0)  # alone: the reference, 30 ms
+    assert lane.slowdown == pytest.approx(1.0)
+    _fill(lane, 32)
+    limits = []
+    for _ in range(7):
+        _window(lane, clock, 0.060, at_start=32)  # 2x the reference
+        limits.append(lane.limit)
+    assert limits == [16, 8, 4, 2, 1, 1, 1]
+    assert lane.slowdown == pytest.approx(2.0)
+    # Holders above the new limit keep their slots: nothing is cut, the next ones wait.
+    assert lane.gate.active == 32
+    assert not lane.gate.try_enter()
+
+
+def test_within_the_target_a_full_lane_grows_and_an_idle_one_does_not() -> None:
+    lane, clock = _lane(min_concurrent=2)
+    _window(lane, clock, 0.030, at_start=0)
+    lane.gate.resize(8)
+    _fill(lane, 3)
+    _window(lane, clock, 0.033, at_start=3)  # 1.1x, but the lane is not full
+    assert lane.limit == 8
+    _fill(lane, 5)
+    _window(lane, clock, 0.033, at_start=8)
+    assert lane.limit == 9  # an eighth of 8, at least one
+    _fill(lane, 1)
+    for _ in range(6):
+        _fill(lane, lane.limit - lane.gate.active)
+        _window(lane, clock, 0.033, at_start=lane.gate.active)
+    assert lane.limit == 15  # one a window while an eighth is under one
+
+
+def test_the_reference_is_only_what_ran_beside_no_more_than_the_floor() -> None:
+    lane, clock = _lane(min_concurrent=2)
+    _window(lane, clock, 0.030, at_start=2)  # the floor counts as the reference
+    _fill(lane, 10)
+    _window(lane, clock, 0.090, at_start=10)  # busy samples never become the reference
+    assert lane.slowdown == pytest.approx(3.0)
+    assert lane.limit == 16
+
+
+def test_quiet_interactive_callers_give_the_patient_work_everything() -> None:
+    lane, clock = _lane(quiet_seconds=5.0)
+    _window(lane, clock, 0.030, at_start=0)
+    _fill(lane, 32)
+    for _ in range(5):
+        _window(lane, clock, 0.090, at_start=32)
+    assert lane.limit == 1
+    clock.now += 4.0
+    lane.tick()
+    assert lane.limit == 1  # not quiet for long enough yet
+    clock.now += 1.5
+    lane.tick()
+    assert lane.limit == 32
+
+
+def test_a_fixed_lane_ignores_the_samples() -> None:
+    lane, clock = _lane(adaptive=False)
+    _fill(lane, 32)
+    _window(lane, clock, 0.900, at_start=32)
+    clock.now += 60
+    lane.tick()
+    assert lane.limit == 32
+
+
+def test_a_floor_over_the_ceiling_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_concurrent is over max_concurrent"):
+        PatientAdmission(min_concurrent=9, max_concurrent=8)
+
+
+def test_a_gate_raised_hands_its_new_slots_to_waiters_in_their_order() -> None:
+    async def go() -> list[int]:
+        gate = Gate(1, 10)
+        assert gate.try_enter()
+        order: list[int] = []
+
+        async def wait(priority: int) -> None:
+            await gate.enter(priority, 5.0)
+            order.append(priority)
+
+        tasks = [asyncio.create_task(wait(p)) for p in (1, 3, 2)]
+        await asyncio.sleep(0)
+        assert gate.queued == 3
+        gate.resize(3)
+        await asyncio.sleep(0)
+        assert gate.active == 3 and gate.queued == 1
+        gate.resize(1)  # lowered: the slots given back are not passed on ...
+        gate.leave()
+        gate.leave()
+        await asyncio.sleep(0)
+        assert gate.active == 1 and gate.queued == 1
+        gate.leave()  # ... until the gate is under its capacity again
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(go()) == [3, 2, 1]
