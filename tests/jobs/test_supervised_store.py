@@ -12,6 +12,7 @@ from pathlib import Path
 
 import boto3
 import botocore.exceptions
+from botocore.config import Config
 
 from tests.waiting import eventually
 from tiergate.local.jobs import _supervise_server
@@ -21,9 +22,13 @@ from tiergate.local.supervisor import Backoff, Supervisor
 FAST = Backoff(first_seconds=0.2, ceiling_seconds=1.0, reset_after_seconds=30.0)
 
 
-def _client(url: str) -> object:
+def _client(url: str, attempts: int | None = None) -> object:
+    """An S3 client; ``attempts``: how many tries a call gets (boto3's default retries
+    otherwise)."""
+    config = None if attempts is None else Config(retries={"max_attempts": attempts})
     return boto3.client(
         "s3",
+        config=config,
         endpoint_url=url,
         region_name="us-east-1",
         aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -59,4 +64,29 @@ def test_a_killed_object_store_comes_back_with_its_data(tmp_path: Path) -> None:
         assert any("signal 9" in line and "restarting" in line for line in said), said
     finally:
         supervisor.stop()
+        store.stop()
+
+
+def test_a_restarted_object_store_serves_its_objects_as_soon_as_it_is_ready(
+    tmp_path: Path,
+) -> None:
+    """`make up` run a second time stopped once with "object storage refused a read
+    (InternalError)": SeaweedFS's S3 API answered before its volume server had told the
+    master which volumes it holds ("volume 1 not found"). Ready now means readable: the
+    first read after each start, with no retry, gets the object back."""
+    store = object_store(tmp_path / "s3", tmp_path / "seaweedfs.log")
+    store.start()
+    try:
+        # Three buckets, a volume each, as the local stack has (jobs, broker, and one more).
+        buckets = [f"kept-{i}-{uuid.uuid4().hex[:8]}" for i in range(3)]
+        for bucket in buckets:
+            ensure_bucket(store.url, bucket)
+            _client(store.url).put_object(Bucket=bucket, Key="k", Body=b"kept")  # type: ignore[attr-defined]
+        for _ in range(4):
+            store.restart()
+            once = _client(store.url, attempts=1)
+            for bucket in buckets:
+                got = once.get_object(Bucket=bucket, Key="k")  # type: ignore[attr-defined]
+                assert got["Body"].read() == b"kept"
+    finally:
         store.stop()

@@ -125,21 +125,47 @@ class Server:
         return self.start()
 
 
+@dataclass
 class ObjectStore(Server):
     """SeaweedFS's all-in-one mode with only its S3 API, everything on loopback."""
+
+    data_dir: Path | None = None
+    master_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def ready(self) -> bool:
-        # The S3 port opens before the filer behind it answers: wait for a real answer.
+        # The S3 port opens before the filer behind it answers: wait for a real answer. And
+        # on a restart the filer lists the stored objects before the volume server has told
+        # the master which volumes it holds: a read then fails "volume 1 not found" (500
+        # InternalError; `make up` stopped so once, reading the default environment).
         import httpx
 
         try:
-            return httpx.get(self.url, timeout=1.0).status_code < 500
-        except httpx.HTTPError:
+            return httpx.get(self.url, timeout=1.0).status_code < 500 and self._volumes_known()
+        except (httpx.HTTPError, ValueError):
             return False
+
+    def _volumes_known(self) -> bool:
+        """Whether the master knows as many volumes as the data directory holds."""
+        import httpx
+
+        if self.data_dir is None or self.master_port is None:
+            return True
+        on_disk = len(list(self.data_dir.glob("*.dat")))
+        if not on_disk:
+            return True
+        status = httpx.get(f"http://127.0.0.1:{self.master_port}/dir/status", timeout=1.0)
+        topology = status.json().get("Topology") or {}
+        known = sum(
+            int(node.get("Volumes") or 0)
+            for dc in topology.get("DataCenters") or []
+            for rack in dc.get("Racks") or []
+            for node in rack.get("DataNodes") or []
+        )
+        return known >= on_disk
 
 
 def _ports(data_dir: Path, s3_port: int | None) -> dict[str, int]:
@@ -189,7 +215,15 @@ def object_store(data_dir: Path, log: Path, s3_port: int | None = None) -> Objec
         f"-filer.port={ports['filer']}",
         f"-volume.max={_WEED_VOLUMES}",
     ]
-    return ObjectStore("object store (SeaweedFS)", argv, ports["s3"], log, dict(LOCAL_CREDENTIALS))
+    return ObjectStore(
+        "object store (SeaweedFS)",
+        argv,
+        ports["s3"],
+        log,
+        dict(LOCAL_CREDENTIALS),
+        data_dir=data_dir,
+        master_port=ports["master"],
+    )
 
 
 def broker(port: int, s3_url: str, log: Path) -> Server:
