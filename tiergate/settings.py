@@ -295,8 +295,8 @@ class PatientAdmission(_Section):
     """The patient lane: flex requests and agent jobs' model calls (OpenAI batch lines among
     them) share the engines with interactive callers; at most ``max_concurrent`` of them
     hold a slot at once, and with ``adaptive`` fewer: as many as keeps interactive streams'
-    time per output token within ``target_slowdown`` of its reference, the same measured
-    with no more than ``min_concurrent`` patient requests beside it
+    time per output token and to first token within ``target_slowdown`` of their reference,
+    the same measured with no more than ``min_concurrent`` patient requests beside them
     (tiergate.gateway.access.patience). Patient requests wait up to
     ``queue_timeout_seconds`` for a slot (flex: its own lane's timeout), under an agent
     job's 120 s model-call timeout; past it, flex gets 429 ``resource_unavailable`` and the

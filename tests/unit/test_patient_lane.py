@@ -34,12 +34,20 @@ def _fill(lane: PatientLane, n: int) -> None:
         assert lane.gate.try_enter()
 
 
-def _window(lane: PatientLane, clock: Clock, tpot: float, at_start: int) -> None:
-    """One adjustment window's interactive streams."""
+def _window(
+    lane: PatientLane,
+    clock: Clock,
+    tpot: float,
+    at_start: int,
+    ttft: float | None = None,
+    prompt_tokens: int = 50,
+) -> None:
+    """One adjustment window's interactive streams (TTFT, unless given, 1.5x the TPOT)."""
+    first = tpot * 1.5 if ttft is None else ttft
     for _ in range(3):
-        lane.observe(tpot, at_start)
+        lane.observe(tpot, first, prompt_tokens, at_start)
     clock.now += 1.0
-    lane.observe(tpot, at_start)
+    lane.observe(tpot, first, prompt_tokens, at_start)
 
 
 def test_without_a_reference_the_lane_falls_to_its_floor_to_measure_one() -> None:
@@ -50,16 +58,16 @@ def test_without_a_reference_the_lane_falls_to_its_floor_to_measure_one() -> Non
     assert lane.slowdown is None
 
 
-def test_slowdown_over_the_target_halves_the_limit_down_to_the_floor() -> None:
+def test_slowdown_over_the_target_cuts_the_limit_down_to_the_floor() -> None:
     lane, clock = _lane()
     _window(lane, clock, 0.030, at_start=0)  # alone: the reference, 30 ms
     assert lane.slowdown == pytest.approx(1.0)
     _fill(lane, 32)
     limits = []
-    for _ in range(7):
+    for _ in range(10):
         _window(lane, clock, 0.060, at_start=32)  # 2x the reference
         limits.append(lane.limit)
-    assert limits == [16, 8, 4, 2, 1, 1, 1]
+    assert limits == [22, 15, 10, 7, 4, 2, 1, 1, 1, 1]  # 0.7 of itself each window
     assert lane.slowdown == pytest.approx(2.0)
     # Holders above the new limit keep their slots: nothing is cut, the next ones wait.
     assert lane.gate.active == 32
@@ -89,14 +97,14 @@ def test_the_reference_is_only_what_ran_beside_no_more_than_the_floor() -> None:
     _fill(lane, 10)
     _window(lane, clock, 0.090, at_start=10)  # busy samples never become the reference
     assert lane.slowdown == pytest.approx(3.0)
-    assert lane.limit == 16
+    assert lane.limit == 22
 
 
 def test_quiet_interactive_callers_give_the_patient_work_everything() -> None:
     lane, clock = _lane(quiet_seconds=5.0)
     _window(lane, clock, 0.030, at_start=0)
     _fill(lane, 32)
-    for _ in range(5):
+    for _ in range(10):
         _window(lane, clock, 0.090, at_start=32)
     assert lane.limit == 1
     clock.now += 4.0
@@ -104,6 +112,26 @@ def test_quiet_interactive_callers_give_the_patient_work_everything() -> None:
     assert lane.limit == 1  # not quiet for long enough yet
     clock.now += 1.5
     lane.tick()
+    assert lane.limit == 32
+
+
+def test_first_tokens_slowed_count_though_decoding_is_not() -> None:
+    lane, clock = _lane()
+    _window(lane, clock, 0.030, at_start=0, ttft=0.050)
+    _fill(lane, 32)
+    _window(lane, clock, 0.030, at_start=32, ttft=0.100)  # decoding as alone, TTFT 2x
+    assert lane.slowdown == pytest.approx(2.0)
+    assert lane.limit == 22
+
+
+def test_a_first_token_is_compared_with_prompts_of_its_size() -> None:
+    lane, clock = _lane()
+    _window(lane, clock, 0.030, at_start=0, ttft=0.050, prompt_tokens=50)
+    _fill(lane, 32)
+    # A prompt 40 times longer takes longer to its first token whatever runs beside it:
+    # with no reference of its size only its TPOT is judged, and that is as alone.
+    _window(lane, clock, 0.030, at_start=32, ttft=0.900, prompt_tokens=2000)
+    assert lane.slowdown == pytest.approx(1.0)
     assert lane.limit == 32
 
 

@@ -1,7 +1,8 @@
 """``tiergate bench batch``: OpenAI's Batch API on a running stack (``tiergate up``), in one
 run, against vLLM's own offline ``run-batch`` and against the stack at rest.
 
-1. **Idle**: ``probes`` interactive streamed chat requests (no ``service_tier``: the default
+1. **Idle**: after a warm-up whose figures are thrown away, ``probes`` interactive
+   streamed chat requests (no ``service_tier``: the default
    tier), one after another: TTFT and TPOT (tiergate.measure.stream's samples).
 2. **The batch**: ``lines`` chat requests uploaded and run as one batch with the official
    ``openai`` client, as OpenAI's Batch API guide does. A thread polls the batch every
@@ -122,6 +123,26 @@ class _Prober:
             return samples
 
         return asyncio.run(go())
+
+    def warm(self, burst: int) -> None:
+        """Requests whose figures are thrown away, so that "idle" is not an engine's first
+        requests (slower while it warms: twice the TPOT seen once on a compiled engine):
+        two bursts of ``burst`` at once as ``flex`` (patient: the batch's shapes, and no
+        sample for the gateway's patient-lane reference), then four one at a time."""
+
+        async def go() -> None:
+            async with httpx.AsyncClient(timeout=600, headers=self._headers) as client:
+                for _ in range(2):
+                    await asyncio.gather(
+                        *(
+                            timed(client, self._url, chat_body(self._model, p, 16, "flex"))
+                            for p in (PROMPTS * burst)[:burst]
+                        )
+                    )
+                for prompt in PROMPTS[:4]:
+                    await timed(client, self._url, chat_body(self._model, prompt, 16, None))
+
+        asyncio.run(go())
 
 
 def run_through_tiergate(
@@ -277,6 +298,8 @@ def bench_batch(
     model = params.model or models.json()["data"][0]["id"]
     rows = batch_rows(model, params.lines, params.max_tokens)
     prober = _Prober(params, model)
+    progress("warming the engines (figures thrown away)")
+    prober.warm(32)
     progress(f"idle: {params.probes} interactive requests, one at a time")
     idle = latency(prober.run(params.probes))
     progress(f"the batch: {params.lines} lines of {params.max_tokens} tokens through tiergate")

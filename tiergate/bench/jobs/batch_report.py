@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiergate.bench.jobs.report import fleet_rows
-
-
-def _n(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+from tiergate.bench.jobs.report import evidence_rows, fleet_rows, head, num, restart_phrase
 
 
 def _pct(value: float | None) -> str:
@@ -24,34 +20,23 @@ def render(r: dict[str, Any]) -> str:
         for d, e in p["domains"].items()
     )
     rows = [
-        "# Jobs: a rollout batch while the fleet churns",
-        "",
-        f"Command: `{r['command']}`  ",
-        f"CPU: {r['cpu']} ({r['cores']} cores; SeaweedFS, Tansu, the gateway, the stub model "
-        "and every worker share them)",
-        "",
+        *head("Jobs: a rollout batch while the fleet churns", r),
         f"One batch through `POST /v1/jobs/batches`: {domains}; {p['samples_per_task']} "
         f"samples of each task, `max_in_flight` {p['max_in_flight']} (the slots of "
         f"{p['max_workers']} workers), scheduled every {p['batch_poll_seconds']:g} s. 1 to "
         f"{p['max_workers']} `tiergate worker` processes of {p['concurrency_per_worker']} "
         f"slots, one added or removed (SIGTERM, drain {p['drain_seconds']:g} s) every "
-        f"{p['churn_seconds']:g} s; "
-        + (
-            f"broker restarted at {restart['at_s']} s (back in {restart['took_s']} s, "
-            f"{restart['ended_before']} rollouts ended before)."
-            if restart
-            else "no broker restart."
-        ),
+        f"{p['churn_seconds']:g} s; " + restart_phrase(restart, "rollouts"),
         "",
         "| figure | value |",
         "|---|---|",
         f"| rollouts ended / planned | {r['ended']} / {r['rollouts']} (batch "
         f"{r['batch']['status']}) |",
         f"| time to the last rollout (submission to its end) | "
-        f"{_n(r['time_to_last_rollout_s'], 1)} s |",
+        f"{num(r['time_to_last_rollout_s'], 1)} s |",
         f"| slots, averaged to the last rollout | {r['slots_average']} |",
-        f"| throughput | {_n(r['rollouts_per_minute'])} rollouts/min, "
-        f"{_n(r['rollouts_per_minute_per_slot'])} rollouts/min per slot |",
+        f"| throughput | {num(r['rollouts_per_minute'])} rollouts/min, "
+        f"{num(r['rollouts_per_minute_per_slot'])} rollouts/min per slot |",
         *fleet_rows(r),
         "",
         f"While every domain had samples left to start (the submission to "
@@ -69,7 +54,7 @@ def render(r: dict[str, Any]) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(figures["counts"].items()))
         run = figures["run_s"]
         rows.append(
-            f"| `{domain}` | {counts} | {_n(run.get('p50'))} / {_n(run.get('max'))} s | "
+            f"| `{domain}` | {counts} | {num(run.get('p50'))} / {num(run.get('max'))} s | "
             f"{entry['slot_seconds']} | {_pct(entry['share'])} | "
             f"{_pct(entry['weight_share'])} | {entry['peak_running']} |"
         )
@@ -84,8 +69,4 @@ def render(r: dict[str, Any]) -> str:
         + (f" ({gap['from']} s to {gap['to']} s)." if gap["from"] is not None else "."),
         "",
     ]
-    evidence = {k: v for k, v in r["evidence"].items() if v}
-    if evidence:
-        rows += ["Evidence (job ids):", "", "```", *(f"{k}: {v}" for k, v in evidence.items())]
-        rows += ["```", ""]
-    return "\n".join(rows)
+    return "\n".join([*rows, *evidence_rows(r)])

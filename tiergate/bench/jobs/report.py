@@ -5,8 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 
-def _s(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def head(title: str, r: dict[str, Any]) -> list[str]:
+    """A jobs report's title, command and CPU lines."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{r['command']}`  ",
+        f"CPU: {r['cpu']} ({r['cores']} cores; SeaweedFS, Tansu, the gateway, the stub model "
+        "and every worker share them)",
+        "",
+    ]
+
+
+def restart_phrase(restart: dict[str, Any] | None, what: str) -> str:
+    if not restart:
+        return "no broker restart."
+    return (
+        f"broker restarted at {restart['at_s']} s (back in {restart['took_s']} s, "
+        f"{restart['ended_before']} {what} ended before)."
+    )
 
 
 def render(r: dict[str, Any]) -> str:
@@ -16,23 +37,13 @@ def render(r: dict[str, Any]) -> str:
     qe, ql = r["queue_wait_s"]["events"], r["queue_wait_s"]["leases"]
     step, first = r["pickup_to_first_step_s"], r["pickup_to_first_command_s"]
     rows = [
-        "# Jobs: throughput and waits while the fleet churns",
-        "",
-        f"Command: `{r['command']}`  ",
-        f"CPU: {r['cpu']} ({r['cores']} cores; SeaweedFS, Tansu, the gateway, the stub model "
-        "and every worker share them)",
-        "",
+        *head("Jobs: throughput and waits while the fleet churns", r),
         f"{p['jobs']} jobs (one command, `{p['job_command']}`, then DONE; verifier "
         "`test -f done`) "
         f"through `POST /v1/jobs`; 1 to {p['max_workers']} `tiergate worker` processes of "
         f"{p['concurrency_per_worker']} slots, one added or removed (SIGTERM, drain "
         f"{p['drain_seconds']:g} s) every {p['churn_seconds']:g} s; "
-        + (
-            f"broker restarted at {restart['at_s']} s (back in {restart['took_s']} s, "
-            f"{restart['ended_before']} jobs ended before)."
-            if restart
-            else "no broker restart."
-        )
+        + restart_phrase(restart, "jobs")
         + f" Lease {p['lease_seconds']:g} s, session timeout {p['session_timeout_ms']} ms, "
         f"{p['partitions']} partitions.",
         "",
@@ -43,15 +54,15 @@ def render(r: dict[str, Any]) -> str:
         f"| throughput | {r['jobs_per_minute']} jobs/min, "
         f"{r['jobs_per_minute_per_slot']} jobs/min per slot |",
         f"| queue wait p50 / p95 (accepted to the first run's lease, ms clock) | "
-        f"{_s(ql['p50'])} / {_s(ql['p95'])} s |",
+        f"{num(ql['p50'])} / {num(ql['p95'])} s |",
         f"| queue wait p50 / p95 (job.queued to job.in_progress, 1 s clock) | "
-        f"{_s(qe['p50'])} / {_s(qe['p95'])} s |",
+        f"{num(qe['p50'])} / {num(qe['p95'])} s |",
         f"| pickup to first command starting, p50 / p95 (lease to the trajectory's command "
-        f"start: reads, sandbox, the model's answer) | {_s(first['p50'])} / "
-        f"{_s(first['p95'])} s |",
+        f"start: reads, sandbox, the model's answer) | {num(first['p50'])} / "
+        f"{num(first['p95'])} s |",
         f"| pickup to first step recorded, p50 / p95 (job.in_progress to job.step, 1 s "
-        f"clock; the step is written when its command ended) | {_s(step['p50'])} / "
-        f"{_s(step['p95'])} s |",
+        f"clock; the step is written when its command ended) | {num(step['p50'])} / "
+        f"{num(step['p95'])} s |",
         f"| longest gap in pickups while jobs waited (job.in_progress times) | "
         f"{gap['seconds']} s"
         + (f" (from {gap['from_s']} s to {gap['to_s']} s)" if gap.get("from_s") is not None else "")
@@ -66,11 +77,7 @@ def render(r: dict[str, Any]) -> str:
         "picked up before that).",
         "",
     ]
-    evidence = {k: v for k, v in r["evidence"].items() if v}
-    if evidence:
-        rows += ["Evidence (job ids):", "", "```", *(f"{k}: {v}" for k, v in evidence.items())]
-        rows += ["```", ""]
-    return "\n".join(rows)
+    return "\n".join([*rows, *evidence_rows(r)])
 
 
 def fleet_rows(r: dict[str, Any]) -> list[str]:
@@ -85,4 +92,19 @@ def fleet_rows(r: dict[str, Any]) -> list[str]:
         f"| workers started / unhealthy when removed / killed after the drain | "
         f"{r['workers_started']} / {len(r['workers_unhealthy_at_removal'])} / "
         f"{len(r['workers_killed_after_drain'])} |",
+    ]
+
+
+def evidence_rows(r: dict[str, Any]) -> list[str]:
+    """The job ids behind every figure that is not zero."""
+    evidence = {k: v for k, v in r["evidence"].items() if v}
+    if not evidence:
+        return []
+    return [
+        "Evidence (job ids):",
+        "",
+        "```",
+        *(f"{k}: {v}" for k, v in evidence.items()),
+        "```",
+        "",
     ]

@@ -48,15 +48,16 @@ class Lease:
     ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
     # An interactive request's patient lane, and the patient requests in flight when it
-    # was admitted: its stream's TPOT is that lane's signal (PatientLane.observe).
+    # was admitted: its stream's TPOT and TTFT are that lane's signal (PatientLane.observe).
     lane: PatientLane | None = None
     lane_at_start: int = 0
     _ended: bool = False
 
-    def observe_tpot(self, tier: Tier, tpot: float) -> None:
-        """An interactive stream served on ``tier`` ended with this time per output token."""
+    def observe_stream(self, tier: Tier, tpot: float, ttft: float) -> None:
+        """An interactive stream served on ``tier`` ended with these times per output token
+        and to its first token."""
         if self.lane is not None and tier is self.choice.tier:
-            self.lane.observe(tpot, self.lane_at_start)
+            self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start)
 
     def end(self, usage: dict[str, Any] | None = None) -> None:
         if self._ended:

@@ -8,13 +8,17 @@ queue's urgency order cannot help once a request is admitted. So the lane's limi
 from what interactive callers see, as a congestion window is (additive increase,
 multiplicative decrease):
 
-- **reference**: the TPOT of interactive streams that ran with no more than the floor
-  (``min_concurrent``) of patient requests in flight: the median of the last
-  ``reference_samples``. Until there is one the limit sits at the floor, so that one is
+- **reference**: what interactive streams saw when they ran with no more than the floor
+  (``min_concurrent``) of patient requests in flight: the median time per output token of
+  the last ``reference_samples``, and the median time to first token of as many in each
+  prompt size (a power of two of estimated tokens: a long prompt's first token comes later
+  whatever runs beside it). Until there is one the limit sits at the floor, so that one is
   measured.
-- every ``adjust_seconds`` in which interactive streams ended, their median TPOT over the
-  reference is the **slowdown**: over ``target_slowdown`` the limit halves (not below the
-  floor); under it, and with the lane full, it grows by an eighth (at least one).
+- a stream's **slowdown** is the larger of its TPOT over the reference and its TTFT over
+  its prompt size's (where that size has one). Every ``adjust_seconds`` in which
+  interactive streams ended, their median slowdown decides: over ``target_slowdown`` the
+  limit is cut to 0.7 of itself (not below the floor); under it, and with the lane full,
+  it grows by an eighth (at least one).
 - with no interactive stream for ``quiet_seconds`` the limit is lifted to
   ``max_concurrent``: patient work fills what interactive callers leave.
 
@@ -28,10 +32,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tiergate.gateway.access.gate import Gate
 from tiergate.settings import PatientAdmission
+
+# A limit over the target is cut to this share of itself (as CUBIC cuts a window: 0.5
+# swung the limit from 16 to 8 and back, with a burst of slow samples after each rise).
+_DECREASE = 0.7
 
 
 class PatientLane:
@@ -43,38 +51,44 @@ class PatientLane:
         self._s = settings
         self._clock = clock
         self.gate = Gate(settings.max_concurrent, settings.max_queue)
-        self._reference: deque[float] = deque(maxlen=settings.reference_samples)
+        self._tpot_ref: deque[float] = deque(maxlen=settings.reference_samples)
+        self._ttft_ref: dict[int, deque[float]] = {}
         self._window: list[float] = []
         self._window_started = clock()
         self._last_interactive = float("-inf")
-        # The last window's median TPOT over the reference (None before there is one).
+        # The last window's median slowdown (None before there is a reference).
         self.slowdown: float | None = None
 
     @property
     def limit(self) -> int:
         return self.gate.capacity
 
-    def quiet_floor(self) -> int:
-        """How many patient requests an interactive stream may share the engines with and
-        still count as the reference."""
-        return self._s.min_concurrent
-
     def started(self) -> int:
         """What an interactive stream notes as it is admitted (see :meth:`observe`)."""
         return self.gate.active
 
-    def observe(self, tpot: float, active_at_start: int) -> None:
-        """An interactive stream's TPOT, and the patient requests in flight when it was
-        admitted (:meth:`started`) and now: with no more than the floor at both, it is a
-        reference sample."""
+    def observe(self, tpot: float, ttft: float, prompt_tokens: int, active_at_start: int) -> None:
+        """An interactive stream's time per output token and to its first token, its prompt's
+        estimated tokens, and the patient requests in flight when it was admitted
+        (:meth:`started`): with no more than the floor then and now, it is a reference."""
         if not self._s.adaptive:
             return
         now = self._clock()
         self._last_interactive = now
         floor = self._s.min_concurrent
+        size = max(1, prompt_tokens).bit_length()
         if active_at_start <= floor and self.gate.active <= floor:
-            self._reference.append(tpot)
-        self._window.append(tpot)
+            self._tpot_ref.append(tpot)
+            ttfts = self._ttft_ref.setdefault(size, deque(maxlen=self._s.reference_samples))
+            ttfts.append(ttft)
+        slowdown = _worst(
+            [
+                _over(tpot, self._tpot_ref),
+                _over(ttft, self._ttft_ref.get(size, ())),
+            ]
+        )
+        if slowdown is not None:
+            self._window.append(slowdown)
         if now - self._window_started >= self._s.adjust_seconds:
             self._adjust(now)
 
@@ -90,11 +104,21 @@ class PatientLane:
     def _adjust(self, now: float) -> None:
         samples, self._window, self._window_started = self._window, [], now
         floor, ceiling = self._s.min_concurrent, self._s.max_concurrent
-        if not self._reference:
-            self.gate.resize(floor)
+        if not samples:
+            if not self._tpot_ref:
+                self.gate.resize(floor)  # no reference yet: measure one
             return
-        self.slowdown = statistics.median(samples) / statistics.median(self._reference)
+        self.slowdown = statistics.median(samples)
         if self.slowdown > self._s.target_slowdown:
-            self.gate.resize(max(floor, self.limit // 2))
+            self.gate.resize(max(floor, int(self.limit * _DECREASE)))
         elif self.gate.active >= self.limit or self.gate.queued:
             self.gate.resize(min(ceiling, self.limit + max(1, self.limit // 8)))
+
+
+def _over(value: float, reference: Sequence[float]) -> float | None:
+    return value / statistics.median(reference) if reference else None
+
+
+def _worst(ratios: list[float | None]) -> float | None:
+    known = [r for r in ratios if r is not None]
+    return max(known) if known else None

@@ -323,7 +323,7 @@ class CompletionsProxy:
                     self._metrics.observe(self._metrics.tpot, tpot, tier)
                     fields["tpot_ms"] = round(tpot * 1000.0, 3)
                     if result.completed:
-                        ctx.lease.observe_tpot(tier, tpot)
+                        ctx.lease.observe_stream(tier, tpot, ttft)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
             self._finish(
