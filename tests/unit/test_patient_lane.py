@@ -116,7 +116,7 @@ def test_quiet_interactive_callers_give_the_patient_work_everything() -> None:
 
 
 def test_first_tokens_slowed_count_though_decoding_is_not() -> None:
-    lane, clock = _lane()
+    lane, clock = _lane(judge_ttft=True)
     _window(lane, clock, 0.030, at_start=0, ttft=0.050)
     _fill(lane, 32)
     _window(lane, clock, 0.030, at_start=32, ttft=0.100)  # decoding as alone, TTFT 2x
@@ -125,7 +125,7 @@ def test_first_tokens_slowed_count_though_decoding_is_not() -> None:
 
 
 def test_a_first_token_is_compared_with_prompts_of_its_size() -> None:
-    lane, clock = _lane()
+    lane, clock = _lane(judge_ttft=True)
     _window(lane, clock, 0.030, at_start=0, ttft=0.050, prompt_tokens=50)
     _fill(lane, 32)
     # A prompt 40 times longer takes longer to its first token whatever runs beside it:
@@ -175,3 +175,12 @@ def test_a_gate_raised_hands_its_new_slots_to_waiters_in_their_order() -> None:
         return order
 
     assert asyncio.run(go()) == [3, 2, 1]
+
+
+def test_first_tokens_are_not_judged_by_default() -> None:
+    lane, clock = _lane()
+    _window(lane, clock, 0.030, at_start=0, ttft=0.050)
+    _fill(lane, 32)
+    _window(lane, clock, 0.030, at_start=32, ttft=0.100)
+    assert lane.slowdown == pytest.approx(1.0)
+    assert lane.limit == 32

@@ -14,11 +14,12 @@ multiplicative decrease):
   prompt size (a power of two of estimated tokens: a long prompt's first token comes later
   whatever runs beside it). Until there is one the limit sits at the floor, so that one is
   measured.
-- a stream's **slowdown** is the larger of its TPOT over the reference and its TTFT over
-  its prompt size's (where that size has one). Every ``adjust_seconds`` in which
-  interactive streams ended, their median slowdown decides: over ``target_slowdown`` the
-  limit is cut to 0.7 of itself (not below the floor); under it, and with the lane full,
-  it grows by an eighth (at least one).
+- a stream's **slowdown** is its TPOT over the reference, or with ``judge_ttft`` (off by
+  default: settings.py says why) the larger of that and its TTFT over its prompt size's
+  (where that size has one). Every ``adjust_seconds`` in which interactive streams ended,
+  their median slowdown decides: over ``target_slowdown`` the limit is cut to 0.7 of
+  itself (not below the floor); under it, and with the lane full, it grows by an eighth
+  (at least one).
 - with no interactive stream for ``quiet_seconds`` the limit is lifted to
   ``max_concurrent``: patient work fills what interactive callers leave.
 
@@ -81,12 +82,8 @@ class PatientLane:
             self._tpot_ref.append(tpot)
             ttfts = self._ttft_ref.setdefault(size, deque(maxlen=self._s.reference_samples))
             ttfts.append(ttft)
-        slowdown = _worst(
-            [
-                _over(tpot, self._tpot_ref),
-                _over(ttft, self._ttft_ref.get(size, ())),
-            ]
-        )
+        first = _over(ttft, self._ttft_ref.get(size, ())) if self._s.judge_ttft else None
+        slowdown = _worst([_over(tpot, self._tpot_ref), first])
         if slowdown is not None:
             self._window.append(slowdown)
         if now - self._window_started >= self._s.adjust_seconds:
