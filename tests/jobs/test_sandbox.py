@@ -125,7 +125,11 @@ def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     watcher.start()
     try:
         # (Not `:(){ :|:& };:`: /bin/sh is dash here, which takes no function named `:`.)
-        result = sandbox.run("bomb() { bomb | bomb & }; bomb", timeout=5)
+        # The command's shell waits for a sleeper forked before the bomb: when it exits, its
+        # PID namespace is killed, bomb and all, and a shell that returned at once (as the
+        # bare bomb's does) left the bomb a few milliseconds, on a loaded CI machine not
+        # enough to fork anything ('Cannot fork' missing, output empty, 6 ms).
+        result = sandbox.run("sleep 3 & s=$!; bomb() { bomb | bomb & }; bomb; wait $s", timeout=10)
     finally:
         done.set()
         watcher.join(10)
