@@ -8,7 +8,10 @@ margins; what it is worth on a real engine is `tiergate bench batch`'s to say.""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -91,3 +94,65 @@ def test_interactive_streams_slowed_by_patient_ones_shrink_the_lane_and_quiet_li
             eventually(lambda: engine.record.in_flight >= PATIENT - 2, timeout=15)
         # Patient requests waited for slots; none was refused.
         assert patient and set(patient) == {200}
+
+
+def _read_slowly(base: str, body: dict[str, object]) -> bytes:
+    """One streamed request from a client that reads its answer slowly (64 KiB every 10 ms
+    through a small receive window), as a caller on a poor link, or one who wants to look
+    slow, does; returns the answer's bytes."""
+    host, port = base.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    got = bytearray()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        sock.connect((host, int(port)))
+        sock.sendall(head + payload)
+        while chunk := sock.recv(65536):
+            got += chunk
+            time.sleep(0.01)
+    return bytes(got)
+
+
+def test_a_client_that_reads_slowly_does_not_shrink_the_lane(fakes: list[FakeVllm]) -> None:
+    """Attacker's test: the gateway timed a stream's TPOT to its last write to the client,
+    so one caller reading a long answer slowly looked like an engine slowed by patient work,
+    and cut the patient lane for every tenant's flex and batch work. What a slow reader
+    waits for is its own doing: the lane does not take its stream."""
+    engine = fakes[0]
+    engine.behaviour.chunks = 100
+    # 10 MB a stream: more than the kernel's socket buffers hold, so a slow reader's
+    # writes wait (a smaller answer is written at once, whoever reads it).
+    engine.behaviour.chunk_chars = 100_000
+    settings = gateway_settings(
+        [engine.url],
+        [fakes[2].url],
+        admission={
+            "flex": {"max_concurrent": 4},
+            # Quiet lifts the limit only long after the test: what it sees is the lane's.
+            "patient": {"max_concurrent": 4, "adjust_seconds": 0.2, "quiet_seconds": 60.0},
+        },
+    )
+    with running_gateway(settings) as base:
+        url = f"{base}/v1/chat/completions"
+
+        def limit() -> float:
+            return metric_value(base, "tiergate_patient_lane_limit", tier="standard")
+
+        # The reference: interactive streams read at once, with no patient work in flight.
+        with httpx.Client(timeout=60) as client:
+            for _ in range(3):
+                assert client.post(url, json=CHAT).status_code == 200
+        flex = {**CHAT, "service_tier": "flex", "stream": False}  # short answers
+        with _loops(url, flex, 4):
+            eventually(lambda: engine.record.requests >= 8, timeout=10)
+            seen: list[float] = []
+            for _ in range(2):
+                answer = _read_slowly(base, CHAT)
+                assert b"data: [DONE]" in answer[-64:]
+                seen.append(limit())
+        assert seen == [4, 4]

@@ -54,6 +54,13 @@ OVERHEAD_HEADER = "x-tiergate-overhead-ms"
 # through as it arrives above this size (or of no declared size), rather than held whole.
 _RELAY_ABOVE_BYTES = 256 * 1024
 
+# A stream whose writes waited for its client more than this share of its time is not
+# the patient lane's signal (a write that did not wait takes microseconds: uvicorn's send
+# returns at once unless the client's socket is full), and its wait is logged from
+# _CLIENT_WAIT_LOGGED seconds.
+_CLIENT_WAIT_SHARE = 0.05
+_CLIENT_WAIT_LOGGED = 0.001
+
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
@@ -322,7 +329,13 @@ class CompletionsProxy:
                     tpot = (end - result.first_token_at) / (out_tokens - 1)
                     self._metrics.observe(self._metrics.tpot, tpot, tier)
                     fields["tpot_ms"] = round(tpot * 1000.0, 3)
-                    if result.completed:
+                    waited = result.client_wait_seconds
+                    if waited >= _CLIENT_WAIT_LOGGED:
+                        fields["client_wait_ms"] = round(waited * 1000.0, 3)
+                    # A stream the client read slowly tells nothing of the engine: its
+                    # TPOT would push the patient lane down (or, as a reference, up) for
+                    # every tenant's flex and batch work.
+                    if result.completed and waited <= _CLIENT_WAIT_SHARE * (end - ctx.started):
                         ctx.lease.observe_stream(tier, tpot, ttft)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
@@ -357,7 +370,11 @@ class CompletionsProxy:
             finish(outcome)
 
         return EventStreamResponse(
-            body, cleanup, self._settings.timeouts.client_write_seconds, headers=ctx.headers
+            body,
+            cleanup,
+            self._settings.timeouts.client_write_seconds,
+            outcome,
+            headers=ctx.headers,
         )
 
     # -- helpers ---------------------------------------------------------------------------

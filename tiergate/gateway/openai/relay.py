@@ -48,11 +48,12 @@ class RelayResponse(StreamingResponse):
         deadline = _WriteDeadline(self._write_seconds)
 
         async def send_within(message: Message) -> None:
-            deadline.since = deadline.loop.time()
+            since = deadline.since = deadline.loop.time()
             try:
                 await send(message)
             finally:
                 deadline.since = None
+                self.waited(deadline.loop.time() - since)
 
         stream = asyncio.ensure_future(self.stream_response(send_within))
         listen = asyncio.ensure_future(self.listen_for_disconnect(receive))
@@ -68,6 +69,10 @@ class RelayResponse(StreamingResponse):
         failure = results[0]
         if isinstance(failure, Exception) and not isinstance(failure, OSError):
             raise failure
+
+    def waited(self, seconds: float) -> None:
+        """Told how long each write took the client to take (uvicorn's ``send`` returns at
+        once unless the client's socket is full): for a subclass that keeps it."""
 
 
 class _WriteDeadline:

@@ -38,6 +38,9 @@ class StreamOutcome:
     # Characters of generated text relayed: what a stream that ends without usage is
     # charged for (a client that leaves before the usage chunk must not dodge its tokens).
     relayed_chars: int = 0
+    # Seconds the relay's writes waited for the client to read: a stream's time that is
+    # the client's doing, not the engine's (tiergate.gateway.openai.relay).
+    client_wait_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -237,6 +240,21 @@ async def relay_events(
 
 
 class EventStreamResponse(RelayResponse):
-    """A relayed event stream."""
+    """A relayed event stream; the time its writes waited for the client goes into its
+    outcome."""
 
     media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        cleanup: Callable[[str | None], None],
+        write_seconds: float,
+        outcome: StreamOutcome,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, cleanup, write_seconds, **kwargs)
+        self._outcome = outcome
+
+    def waited(self, seconds: float) -> None:
+        self._outcome.client_wait_seconds += seconds
