@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
@@ -49,9 +50,12 @@ def _loops(url: str, body: dict[str, object], count: int) -> Iterator[list[int]]
             t.join(timeout=60)
 
 
-def test_interactive_streams_slowed_by_patient_ones_shrink_the_lane_and_quiet_lifts_it(
-    fakes: list[FakeVllm],
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+def test_interactive_answers_slowed_by_patient_ones_shrink_the_lane_and_quiet_lifts_it(
+    fakes: list[FakeVllm], stream: bool
 ) -> None:
+    """Interactive callers who do not stream steer the lane as those who do: the gateway
+    reads their answers from the engine's stream (assembled) and times them on it."""
     engine = fakes[0]
     engine.behaviour.chunks = 8
     engine.behaviour.chunk_delay = 0.01
@@ -77,7 +81,7 @@ def test_interactive_streams_slowed_by_patient_ones_shrink_the_lane_and_quiet_li
         with _loops(url, {**CHAT, "service_tier": "flex"}, PATIENT) as patient:
             eventually(lambda: engine.record.in_flight >= PATIENT - 2, timeout=10)
             assert limit() == PATIENT  # nobody interactive: the patient work has it all
-            with _loops(url, CHAT, 1) as interactive:
+            with _loops(url, {**CHAT, "stream": stream}, 1) as interactive:
                 eventually(lambda: limit() <= 3, timeout=30)
                 # The engine drains to what the lane lets through (and the one interactive).
                 eventually(lambda: engine.record.in_flight <= limit() + 1, timeout=20)

@@ -48,14 +48,15 @@ class Lease:
     ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
     # An interactive request's patient lane, and the patient requests in flight when it
-    # was admitted: its stream's TPOT and TTFT are that lane's signal (PatientLane.observe).
+    # was admitted: its answer's TPOT and TTFT are that lane's signal (PatientLane.observe).
     lane: PatientLane | None = None
     lane_at_start: int = 0
     _ended: bool = False
 
-    def observe_stream(self, tier: Tier, tpot: float, ttft: float) -> None:
-        """An interactive stream served on ``tier`` ended with these times per output token
-        and to its first token."""
+    def observe_answer(self, tier: Tier, tpot: float, ttft: float) -> None:
+        """An interactive answer served on ``tier`` (a stream, or a non-streamed answer read
+        from the engine's stream) ended with these times per output token and to its first
+        token."""
         if self.lane is not None and tier is self.choice.tier:
             self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start)
 

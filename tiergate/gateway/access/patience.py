@@ -23,7 +23,10 @@ multiplicative decrease):
 - with no interactive stream for ``quiet_seconds`` the limit is lifted to
   ``max_concurrent``: patient work fills what interactive callers leave.
 
-Requests already admitted keep their slots when the limit falls; only the next ones wait.
+Interactive answers that are not streamed count too (timed on the engine's stream the
+gateway reads them from), and a stream the client read slowly does not
+(tiergate.gateway.openai.timing). Requests already admitted keep their slots when the
+limit falls; only the next ones wait.
 Each gateway replica governs its own patient requests from its own interactive streams.
 Where both tiers are served by the same engines they share one lane.
 """

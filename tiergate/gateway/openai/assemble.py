@@ -15,6 +15,7 @@ echoed prompt, token ids, beam search) or that vLLM would refuse as streams diff
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -227,11 +228,21 @@ _USAGE_FIELDS = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """An assembled answer, the gateway's own seconds spent assembling it, and when (by
+    ``time.perf_counter``) its first chunk (the first token) came and its last."""
+
+    answer: dict[str, Any]
+    spent: float
+    first_token_at: float
+    ended_at: float
+
+
 async def read_assembled(
     reader: UpstreamResponse, timeouts: TimeoutSettings, body: dict[str, Any], chat: bool
-) -> tuple[dict[str, Any], float]:
-    """The assembled answer to the request ``body`` and the gateway's own seconds spent
-    assembling it. Raises
+) -> Assembled:
+    """The assembled answer to the request ``body``. Raises
     :class:`TimeoutError` when the engine sends no first chunk (its first token) within
     ``first_byte_seconds`` or then stops sending for ``between_chunks_seconds``,
     :class:`UpstreamDisconnected` when the stream ends before ``[DONE]``, and the error
@@ -240,6 +251,7 @@ async def read_assembled(
     assembler = AnswerAssembler(chat, choice == "required" or isinstance(choice, dict))
     buffer = b""
     spent = 0.0
+    first_token_at: float | None = None
     wait = timeouts.first_byte_seconds  # queueing and prefill come before the first token
     while not assembler.done:
         chunk = await reader.readany(wait)
@@ -252,10 +264,13 @@ async def read_assembled(
             buffer = buffer[end + 2 :]
         if assembler.started:
             wait = timeouts.between_chunks_seconds
+            if first_token_at is None:
+                first_token_at = started
         spent += time.perf_counter() - started
-    started = time.perf_counter()
+    ended_at = started = time.perf_counter()
     answer = assembler.answer()
-    return answer, spent + time.perf_counter() - started
+    spent += time.perf_counter() - started
+    return Assembled(answer, spent, first_token_at or ended_at, ended_at)
 
 
 def _fold(assembler: AnswerAssembler, event: bytes) -> None:

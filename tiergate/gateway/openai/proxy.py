@@ -18,7 +18,7 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.openai.assemble import read_assembled
+from tiergate.gateway.openai.assemble import Assembled, read_assembled
 from tiergate.gateway.openai.clientwatch import ClientGone, DisconnectWatch
 from tiergate.gateway.openai.relay import BodyRelay, RelayResponse
 from tiergate.gateway.openai.requestids import (
@@ -42,6 +42,7 @@ from tiergate.gateway.openai.streaming import (
     StreamOutcome,
     relay_events,
 )
+from tiergate.gateway.openai.timing import answer_times
 from tiergate.gateway.openai.upstream import Opened, UpstreamCaller
 from tiergate.gateway.openai.upstreamhttp import UpstreamClient
 from tiergate.gateway.openai.wire import JSONAnswer, wanted_headers
@@ -53,13 +54,6 @@ OVERHEAD_HEADER = "x-tiergate-overhead-ms"
 # A non-streamed answer the gateway does not rewrite (no `service_tier` to echo) is passed
 # through as it arrives above this size (or of no declared size), rather than held whole.
 _RELAY_ABOVE_BYTES = 256 * 1024
-
-# A stream whose writes waited for its client more than this share of its time is not
-# the patient lane's signal (a write that did not wait takes microseconds: uvicorn's send
-# returns at once unless the client's socket is full), and its wait is logged from
-# _CLIENT_WAIT_LOGGED seconds.
-_CLIENT_WAIT_SHARE = 0.05
-_CLIENT_WAIT_LOGGED = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +198,7 @@ class CompletionsProxy:
                 return self._relay_body(ctx, opened)
         data: Any = None
         assembling = 0.0
+        times: Assembled | None = None
         # An engine that answers a stream request with a plain body (one that ignores
         # `stream`, a static stand-in) is read as a plain answer.
         assembled = req.assembled and _is_event_stream(opened.response.headers)
@@ -211,7 +206,8 @@ class CompletionsProxy:
             if assembled:
                 chat = req.route.path == "/v1/chat/completions"
                 assembly = read_assembled(opened.response, self._settings.timeouts, req.body, chat)
-                data, assembling = await ctx.watch.race(assembly)
+                times = await ctx.watch.race(assembly)
+                data, assembling = times.answer, times.spent
                 raw = b""
             else:
                 raw = await ctx.watch.race(opened.response.read())
@@ -246,6 +242,9 @@ class CompletionsProxy:
             if isinstance(usage, dict):
                 self._count_tokens(tier, req.model, usage)
                 ctx.lease.end(usage)
+                if times is not None:  # read from the engine's stream: timed as one
+                    timed = (ctx.started, times.first_token_at, times.ended_at)
+                    answer_times(self._metrics, ctx.fields, ctx.lease, tier, timed, usage)
             raw = orjson.dumps(data)
         overhead = ctx.gateway_seconds() + assembling + (time.perf_counter() - received)
         ctx.headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
@@ -320,23 +319,8 @@ class CompletionsProxy:
             if result.usage:
                 self._count_tokens(tier, req.model, result.usage)
             if result.first_token_at is not None:
-                ttft = result.first_token_at - ctx.started
-                self._metrics.observe(self._metrics.ttft, ttft, tier)
-                fields["ttft_ms"] = round(ttft * 1000.0, 3)
-                usage = result.usage or {}
-                out_tokens = int(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
-                if out_tokens > 1:
-                    tpot = (end - result.first_token_at) / (out_tokens - 1)
-                    self._metrics.observe(self._metrics.tpot, tpot, tier)
-                    fields["tpot_ms"] = round(tpot * 1000.0, 3)
-                    waited = result.client_wait_seconds
-                    if waited >= _CLIENT_WAIT_LOGGED:
-                        fields["client_wait_ms"] = round(waited * 1000.0, 3)
-                    # A stream the client read slowly tells nothing of the engine: its
-                    # TPOT would push the patient lane down (or, as a reference, up) for
-                    # every tenant's flex and batch work.
-                    if result.completed and waited <= _CLIENT_WAIT_SHARE * (end - ctx.started):
-                        ctx.lease.observe_stream(tier, tpot, ttft)
+                timed = (ctx.started, result.first_token_at, end)
+                answer_times(self._metrics, fields, ctx.lease, tier, timed, result.usage, result)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
             self._finish(
