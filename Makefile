@@ -1,5 +1,5 @@
 # The README's two commands are `make up` and `make test`; .ci/run calls `make test`.
-.PHONY: up test bootstrap lint typecheck docs pytest bench
+.PHONY: up test bootstrap lint typecheck docs pytest bench suffix-decoding
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,6 +27,11 @@ docs:
 
 pytest:
 	$(BIN)/pytest -ra --durations=20
+
+# Opt-in: suffix decoding's drafter (arctic-inference, built from source); see
+# docs/fast-tier.md for what it measured and how to make it a tuning candidate.
+suffix-decoding: bootstrap
+	bash scripts/install-suffix.sh
 
 bench:
 	TIERGATE_BENCH_TOOLS=1 bash scripts/bootstrap.sh

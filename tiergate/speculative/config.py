@@ -16,28 +16,15 @@ class _Method(BaseModel):
     model_config = {"extra": "forbid"}
 
     num_speculative_tokens: int = Field(4, ge=1, le=16)
-
-
-class NgramConfig(_Method):
-    """Prompt-lookup drafting: no draft model, works on the CPU."""
-
-    method: Literal["ngram"] = "ngram"
-    prompt_lookup_max: int = Field(4, ge=1)
-    prompt_lookup_min: int = Field(2, ge=1)
     # vLLM's dynamic speculative decoding: (first batch size, last batch size, tokens to
-    # draft) ranges, the first starting at 1. On a CPU, verifying drafts for a batch of
-    # several sequences costs more than the drafts save: [[1, 1, 3], [2, 1024, 0]] drafts
-    # for a lone sequence only (the INT8 recipe's ngram gain at concurrency 1 without its
-    # loss at 4).
+    # draft) ranges, the first starting at 1 (vLLM's scheduler applies it to every method).
+    # On a CPU, verifying drafts for a batch of several sequences costs more than the drafts
+    # save: [[1, 1, 3], [2, 1024, 0]] drafts for a lone sequence only (the INT8 recipe's
+    # ngram gain at concurrency 1 without its loss at 4).
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     @model_validator(mode="after")
-    def _window(self) -> NgramConfig:
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
-                f"prompt_lookup_max ({self.prompt_lookup_max})"
-            )
+    def _schedule(self) -> _Method:
         schedule = self.num_speculative_tokens_per_batch_size
         if schedule is not None:
             starts = [first for first, _, _ in schedule]
@@ -55,10 +42,41 @@ class NgramConfig(_Method):
         return self
 
 
+class NgramConfig(_Method):
+    """Prompt-lookup drafting: no draft model, works on the CPU."""
+
+    method: Literal["ngram"] = "ngram"
+    prompt_lookup_max: int = Field(4, ge=1)
+    prompt_lookup_min: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _window(self) -> NgramConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        return self
+
+
 class SuffixConfig(_Method):
-    """Suffix-tree drafting over the prompt and earlier outputs."""
+    """Suffix-tree drafting (vLLM's ``suffix`` method, Arctic Inference's suffix trees): over
+    the request's own prompt and output, and, unless ``suffix_decoding_max_cached_requests``
+    is 0, over the answers of earlier requests, which is where it drafts most (a task
+    sampled again, a command an agent repeats). Needs the ``arctic-inference`` package in
+    the engine's Python (``make suffix-decoding``)."""
 
     method: Literal["suffix"] = "suffix"
+    # The most tokens one draft may hold (vLLM's default is the tree depth, 24).
+    num_speculative_tokens: int = Field(8, ge=1, le=32)
+    suffix_decoding_max_tree_depth: int = Field(24, ge=1)
+    # Earlier requests kept in the global tree (0: the prompt's own tree only). The tree is
+    # what suffix decoding is worth (4-5x on an answer seen before, `tiergate bench
+    # drafts`); the tuner's speed measure sends each prompt more than once, so its figure
+    # for a recipe with a tree overstates what a new caller sees (docs/fast-tier.md).
+    suffix_decoding_max_cached_requests: int = Field(10_000, ge=0)
+    suffix_decoding_max_spec_factor: float = Field(1.0, ge=0)
+    suffix_decoding_min_token_prob: float = Field(0.1, ge=0, le=1)
 
 
 class DraftModelConfig(_Method):

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import httpx
 
-from tiergate.engine.kernels import REQUIRED_OPS, ProbeFailed, missing_kernel, present_ops
+from tiergate.engine.kernels import (
+    REQUIRED_OPS,
+    ProbeFailed,
+    missing_drafter,
+    missing_kernel,
+    present_ops,
+)
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.enginesettings import Recipe, TierProfile
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
@@ -130,7 +136,9 @@ class Tuner:
         with ExitStack() as stack:
             standard: Engine | None = None  # started for the first candidate that runs
             for index, recipe in enumerate(self.tuning.candidates, 1):
-                unrunnable = missing_kernel(recipe.quantize, kernels)
+                unrunnable = missing_kernel(recipe.quantize, kernels) or missing_drafter(
+                    recipe.speculative
+                )
                 if unrunnable is not None:
                     self.progress(f"[{index}] {recipe.name}: skipped ({unrunnable})")
                     results.append(
