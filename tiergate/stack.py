@@ -153,7 +153,7 @@ def _supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfi
         engine.proc = start_vllm(profile, engine.log)
         return engine.proc
 
-    supervisor.watch(f"{engine.name} engine", engine.proc, restart)
+    supervisor.watch(f"{engine.name} engine", engine.proc, restart, engine.log)
 
 
 def run_local_stack(

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,24 @@ def test_children_stopped_at_shutdown_stay_stopped(said: list[str]) -> None:
 def test_exits_are_described() -> None:
     assert describe_exit(-9) == "signal 9"
     assert describe_exit(1) == "code 1"
+
+
+def test_an_exit_is_said_with_the_end_of_the_childs_log(
+    supervisor: Supervisor, said: list[str], tmp_path: Path
+) -> None:
+    """A worker that dies at start (its broker gone) said only 'exited (code 1)' again and
+    again; the end of its log says why."""
+    log = tmp_path / "worker.log"
+
+    def failing() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-c", "print('starting'); print('NoBrokersAvailable'); exit(1)"],
+                stdout=out,
+                start_new_session=True,
+            )
+
+    supervisor.watch("job worker", failing(), failing, log)
+    eventually(lambda: any("exited (code 1)" in line for line in said), timeout=10)
+    line = next(line for line in said if "exited (code 1)" in line)
+    assert f"its log ({log}) ends: starting | NoBrokersAvailable" in line

@@ -119,7 +119,7 @@ def _supervise_server(supervisor: Supervisor, server: Server) -> None:
         assert server.proc is not None
         return server.proc
 
-    supervisor.watch(server.name, server.proc, restart)
+    supervisor.watch(server.name, server.proc, restart, server.log)
 
 
 @contextlib.contextmanager
@@ -177,7 +177,7 @@ def local_jobs(
         if supervisor is not None:
             for server in started:
                 _supervise_server(supervisor, server)
-            watched = supervisor.watch("job worker", worker, again)
+            watched = supervisor.watch("job worker", worker, again, log)
         say(
             f"jobs: object store {store.url} (data: {data}), broker {kafka.address}, "
             f"worker health http://127.0.0.1:{ports.worker_health}/healthz"

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Start = Callable[[], "subprocess.Popen[bytes]"]
 
@@ -43,6 +44,21 @@ def describe_exit(returncode: int) -> str:
     return f"signal {-returncode}" if returncode < 0 else f"code {returncode}"
 
 
+def log_tail(log: Path | None, lines: int = 3, max_bytes: int = 4096) -> str:
+    """The last ``lines`` non-empty lines of a child's log (its last ``max_bytes`` read), as
+    one string to print after its exit; empty when there is no log."""
+    if log is None:
+        return ""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)
+
+
 def kill_leftovers(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL what is left of an exited child's process group (its children started with
     ``start_new_session``), so that a replacement finds its ports free."""
@@ -62,6 +78,8 @@ class Child:
     delay: float | None = None
     restart_at: float | None = None
     delays: list[float] = field(default_factory=list)
+    # Where its output goes: the end of it is said with each exit (why it died).
+    log: Path | None = None
 
 
 class Supervisor:
@@ -82,10 +100,13 @@ class Supervisor:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, name: str, proc: subprocess.Popen[bytes], start: Start) -> Child:
+    def watch(
+        self, name: str, proc: subprocess.Popen[bytes], start: Start, log: Path | None = None
+    ) -> Child:
         """Supervise ``proc``; ``start`` starts a replacement (it may wait for readiness and
-        may raise, which counts as one more exit). Starts the watching thread on first use."""
-        child = Child(name, proc, start, time.monotonic())
+        may raise, which counts as one more exit); ``log``, where its output goes, is quoted
+        with each exit. Starts the watching thread on first use."""
+        child = Child(name, proc, start, time.monotonic(), log=log)
         with self._lock:
             self._children.append(child)
             if self._thread is None and not self._stopping.is_set():
@@ -120,9 +141,11 @@ class Supervisor:
             child.delay = self._backoff.next_delay(child.delay, now - child.started_at)
             child.delays.append(child.delay)
             child.restart_at = now + child.delay
+            tail = log_tail(child.log)
+            said = f"; its log ({child.log}) ends: {tail}" if tail else ""
             self._say(
                 f"{child.name} exited ({describe_exit(returncode)}); "
-                f"restarting in {child.delay:g} s"
+                f"restarting in {child.delay:g} s{said}"
             )
             return
         if now < child.restart_at:
