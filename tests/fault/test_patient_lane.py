@@ -22,9 +22,23 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
 from tests.waiting import eventually
+from tiergate.settings import Settings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 PATIENT = 12
+
+
+def _lane_settings(fakes: list[FakeVllm], patient: int, **lane: float) -> Settings:
+    """A gateway whose standard tier is ``fakes[0]``, with ``patient`` flex and patient
+    slots and the lane's other settings as given."""
+    return gateway_settings(
+        [fakes[0].url],
+        [fakes[2].url],
+        admission={
+            "flex": {"max_concurrent": patient},
+            "patient": {"max_concurrent": patient, **lane},
+        },
+    )
 
 
 @contextmanager
@@ -60,18 +74,7 @@ def test_interactive_answers_slowed_by_patient_ones_shrink_the_lane_and_quiet_li
     engine.behaviour.chunks = 8
     engine.behaviour.chunk_delay = 0.01
     engine.behaviour.load_delay = 0.01
-    settings = gateway_settings(
-        [engine.url],
-        [fakes[2].url],
-        admission={
-            "flex": {"max_concurrent": PATIENT},
-            "patient": {
-                "max_concurrent": PATIENT,
-                "adjust_seconds": 0.3,
-                "quiet_seconds": 2.0,
-            },
-        },
-    )
+    settings = _lane_settings(fakes, PATIENT, adjust_seconds=0.3, quiet_seconds=2.0)
     with running_gateway(settings) as base:
         url = f"{base}/v1/chat/completions"
 
@@ -132,15 +135,8 @@ def test_a_client_that_reads_slowly_does_not_shrink_the_lane(fakes: list[FakeVll
     # 10 MB a stream: more than the kernel's socket buffers hold, so a slow reader's
     # writes wait (a smaller answer is written at once, whoever reads it).
     engine.behaviour.chunk_chars = 100_000
-    settings = gateway_settings(
-        [engine.url],
-        [fakes[2].url],
-        admission={
-            "flex": {"max_concurrent": 4},
-            # Quiet lifts the limit only long after the test: what it sees is the lane's.
-            "patient": {"max_concurrent": 4, "adjust_seconds": 0.2, "quiet_seconds": 60.0},
-        },
-    )
+    # Quiet lifts the limit only long after the test: what it sees is the lane's.
+    settings = _lane_settings(fakes, 4, adjust_seconds=0.2, quiet_seconds=60.0)
     with running_gateway(settings) as base:
         url = f"{base}/v1/chat/completions"
 
