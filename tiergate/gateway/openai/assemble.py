@@ -231,7 +231,8 @@ _USAGE_FIELDS = frozenset(
 @dataclass(frozen=True, slots=True)
 class Assembled:
     """An assembled answer, the gateway's own seconds spent assembling it, and when (by
-    ``time.perf_counter``) its first chunk (the first token) came and its last."""
+    ``time.perf_counter``) the read with its first chunk (the first token) came and the
+    read with its last (the same time when one read held it all)."""
 
     answer: dict[str, Any]
     spent: float
@@ -267,7 +268,10 @@ async def read_assembled(
             if first_token_at is None:
                 first_token_at = started
         spent += time.perf_counter() - started
-    ended_at = started = time.perf_counter()
+    # The last read's arrival: the first's when one read held the whole answer (its
+    # tokens' times then unknown).
+    ended_at = started
+    started = time.perf_counter()
     answer = assembler.answer()
     spent += time.perf_counter() - started
     return Assembled(answer, spent, first_token_at or ended_at, ended_at)

@@ -50,7 +50,7 @@ def answer_times(
         signal = stream.completed and waited <= CLIENT_WAIT_SHARE * (end - started)
     usage = usage or {}
     out_tokens = int(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
-    if out_tokens > 1:
+    if out_tokens > 1 and end > first_token_at:  # not all in one read: a time per token
         tpot = (end - first_token_at) / (out_tokens - 1)
         fields["tpot_ms"] = round(tpot * 1000.0, 3)
         if stream is not None:
