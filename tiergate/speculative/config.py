@@ -73,7 +73,10 @@ class SuffixConfig(_Method):
     # Earlier requests kept in the global tree (0: the prompt's own tree only). The tree is
     # what suffix decoding is worth (4-5x on an answer seen before, `tiergate bench
     # drafts`); the tuner's speed measure sends each prompt more than once, so its figure
-    # for a recipe with a tree overstates what a new caller sees (docs/fast-tier.md).
+    # for a recipe with a tree overstates what a new caller sees (docs/fast-tier.md). The
+    # tree is shared by every caller of the engine: a timing side channel between tenants
+    # (their drafts speed each other up), so keep it at 0 where tenants do not trust each
+    # other.
     suffix_decoding_max_cached_requests: int = Field(10_000, ge=0)
     suffix_decoding_max_spec_factor: float = Field(1.0, ge=0)
     suffix_decoding_min_token_prob: float = Field(0.1, ge=0, le=1)
