@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import eventually
-from tiergate.local.supervisor import Backoff, Supervisor, describe_exit
+from tiergate.local.supervisor import Backoff, Supervisor, describe_exit, log_tail
 
 FAST = Backoff(first_seconds=0.1, ceiling_seconds=0.4, reset_after_seconds=30.0)
 
@@ -118,3 +118,11 @@ def test_an_exit_is_said_with_the_end_of_the_childs_log(
     eventually(lambda: any("exited (code 1)" in line for line in said), timeout=10)
     line = next(line for line in said if "exited (code 1)" in line)
     assert f"its log ({log}) ends: starting | NoBrokersAvailable" in line
+
+
+def test_a_logs_control_characters_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    """Attacker's test: a log line carrying terminal escapes (text a caller chose, quoted by
+    an engine's error) is said with them replaced."""
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"ok\n\x1b]0;owned\x07bad request \x1b[2J\r\n")
+    assert log_tail(log) == "ok | ?]0;owned?bad request ?[2J"

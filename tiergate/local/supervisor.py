@@ -56,7 +56,9 @@ def log_tail(log: Path | None, lines: int = 3, max_bytes: int = 4096) -> str:
     except OSError:
         return ""
     kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)
+    # Printed on the operator's terminal: a log line may carry text a job or a caller
+    # chose (an engine's error quoting a request), so no control character goes through.
+    return "".join(c if c.isprintable() else "?" for c in " | ".join(kept))
 
 
 def kill_leftovers(proc: subprocess.Popen[bytes]) -> None:
