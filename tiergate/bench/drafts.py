@@ -25,17 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from tiergate.bench.gateway import cpu_model
 from tiergate.bench.report import table_head, write_report
 from tiergate.engine.kernels import missing_drafter
-from tiergate.speculative.config import NgramConfig, SuffixConfig
+from tiergate.speculative.config import NgramConfig, SuffixConfig, to_vllm_json
 from tiergate.speculative.measure import WORKLOADS
 
-DRAFTERS: dict[str, dict[str, Any] | None] = {
+DRAFTERS: dict[str, BaseModel | None] = {
     "none": None,
-    "ngram": NgramConfig(num_speculative_tokens=3, prompt_lookup_max=4).model_dump(),
-    "suffix, prompt only": SuffixConfig(suffix_decoding_max_cached_requests=0).model_dump(),
-    "suffix, global tree": SuffixConfig().model_dump(),
+    "ngram": NgramConfig(num_speculative_tokens=3, prompt_lookup_max=4),
+    "suffix, prompt only": SuffixConfig(suffix_decoding_max_cached_requests=0),
+    "suffix, global tree": SuffixConfig(),
 }
 
 
@@ -70,10 +72,11 @@ def _child(model: str, spec_json: str, max_tokens: int) -> None:
     print("FIGURES " + json.dumps(figures), flush=True)
 
 
-def _run(model: str, name: str, spec: dict[str, Any] | None, max_tokens: int, logs: Path) -> Any:
+def _run(model: str, name: str, spec: BaseModel | None, max_tokens: int, logs: Path) -> Any:
     log = logs / f"drafts-{name.replace(' ', '').replace(',', '-')}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}  # GiB: the 135M model needs little
-    cmd = [sys.executable, "-m", "tiergate.bench.drafts", model, json.dumps(spec), str(max_tokens)]
+    rendered = "null" if spec is None else to_vllm_json(spec)
+    cmd = [sys.executable, "-m", "tiergate.bench.drafts", model, rendered, str(max_tokens)]
     with log.open("w") as sink:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sink, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("FIGURES ")]
@@ -86,7 +89,7 @@ def run_drafts_benchmark(out: Path, model: str, max_tokens: int, logs: Path) -> 
     logs.mkdir(parents=True, exist_ok=True)
     rows: dict[str, Any] = {}
     for index, (name, spec) in enumerate(DRAFTERS.items(), 1):
-        why = missing_drafter(SuffixConfig() if spec and spec["method"] == "suffix" else None)
+        why = missing_drafter(spec)
         if why is not None:
             print(f"[bench drafts] {index}/{len(DRAFTERS)} {name}: {why}", flush=True)
             rows[name] = why
@@ -100,7 +103,7 @@ def run_drafts_benchmark(out: Path, model: str, max_tokens: int, logs: Path) -> 
         "cores": os.cpu_count(),
         "model": model,
         "max_tokens": max_tokens,
-        "drafters": DRAFTERS,
+        "drafters": {name: spec and spec.model_dump() for name, spec in DRAFTERS.items()},
         "rows": rows,
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
