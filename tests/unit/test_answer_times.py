@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tiergate.gateway.openai.streaming import StreamOutcome
-from tiergate.gateway.openai.timing import answer_times
+from tiergate.gateway.openai.timing import answer_times, choices_of
 from tiergate.tiers import Tier
 
 USAGE = {"completion_tokens": 11}
@@ -61,3 +63,22 @@ def test_a_non_streamed_answer_is_signalled_unless_one_read_held_it_all() -> Non
     assert fields == {"ttft_ms": 500.0, "tpot_ms": 100.0}
     _, lease, fields = _time((0.0, 1.5, 1.5), None)
     assert lease.told == [] and "tpot_ms" not in fields
+
+
+def test_a_stream_of_n_choices_is_timed_per_choice() -> None:
+    """Attacker's test: vLLM's completion_tokens sums the n choices decoded side by side, so
+    an ``n=8`` stream timed on it looked 8x faster than the engine was, and a few such
+    streams held the lane open while every other tenant was slowed."""
+    metrics, lease, fields = _Metrics(), _Lease(), {}
+    usage = {"completion_tokens": 8 * 16}  # n=8, max_tokens=16: 16 steps of 8 tokens
+    timed = (0.0, 0.1, 0.1 + 15 * 0.060)  # the engine took 60 ms a step
+    answer_times(metrics, fields, lease, Tier.STANDARD, timed, usage, None, 8)  # type: ignore[arg-type]
+    assert lease.told == [(pytest.approx(0.060), 0.1)]
+    assert fields["tpot_ms"] == pytest.approx(60.0)
+
+
+def test_choices_are_read_from_n_and_anything_odd_counts_as_one() -> None:
+    assert choices_of({"n": 8}) == 8
+    assert choices_of({"n": 8.0}) == 8
+    for odd in ({}, {"n": None}, {"n": 0}, {"n": -3}, {"n": "8"}, {"n": True}, {"n": 2.5}):
+        assert choices_of(odd) == 1, odd

@@ -184,3 +184,37 @@ def test_first_tokens_are_not_judged_by_default() -> None:
     _window(lane, clock, 0.030, at_start=32, ttft=0.100)
     assert lane.slowdown == pytest.approx(1.0)
     assert lane.limit == 32
+
+
+def test_one_tenant_with_many_fast_answers_does_not_outvote_the_others() -> None:
+    """Attacker's test: the window's slowdown was the median of every sample, so one
+    tenant sending many answers that look fast (short, or decoded side by side) held the
+    lane open while every other tenant's streams ran 2x slower."""
+    lane, clock = _lane()
+    for owner in ("a", "b", "c"):
+        lane.observe(0.030, 0.045, 50, 0, owner)  # alone: the reference, 30 ms
+    clock.now += 1.0
+    lane.observe(0.030, 0.045, 50, 0, "a")
+    _fill(lane, 32)
+    for _ in range(3):
+        for _ in range(20):
+            lane.observe(0.030, 0.045, 50, 32, "flooder")  # many, at the reference
+        lane.observe(0.060, 0.090, 50, 32, "b")  # each other tenant: 2x slowed
+        clock.now += 1.0
+        lane.observe(0.060, 0.090, 50, 32, "c")
+    assert lane.slowdown == pytest.approx(2.0)
+    assert lane.limit == 10  # cut three times: 32 -> 22 -> 15 -> 10
+
+
+def test_one_tenant_cannot_fill_the_reference_alone() -> None:
+    """The reference is the median of each tenant's median: a tenant's many samples taken
+    while the lane is at its floor weigh as one."""
+    lane, clock = _lane()
+    for owner in ("b", "c"):
+        lane.observe(0.030, 0.045, 50, 0, owner)
+    for _ in range(30):
+        lane.observe(0.003, 0.005, 50, 0, "poisoner")  # n>1-like answers, 10x too fast
+    clock.now += 1.0
+    lane.observe(0.030, 0.045, 50, 0, "b")
+    # The reference is the middle voice, 30 ms (b, c) not 3 ms (the poisoner's).
+    assert lane.slowdown is not None and lane.slowdown < 2.0

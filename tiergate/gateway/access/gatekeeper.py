@@ -58,7 +58,7 @@ class Lease:
         from the engine's stream) ended with these times per output token and to its first
         token."""
         if self.lane is not None and tier is self.choice.tier:
-            self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start)
+            self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start, self.caller.owner)
 
     def end(self, usage: dict[str, Any] | None = None) -> None:
         if self._ended:

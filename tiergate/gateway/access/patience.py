@@ -23,6 +23,11 @@ multiplicative decrease):
 - with no interactive stream for ``quiet_seconds`` the limit is lifted to
   ``max_concurrent``: patient work fills what interactive callers leave.
 
+Each tenant has one voice: the window's slowdown is the median of each owner's median,
+and the reference the median of each owner's median TPOT (and TTFT) among its samples, so
+a tenant that sends many answers of its own choosing (short, on a faster path, or timed
+as it likes) moves the lane no more than one that sends a few.
+
 Interactive answers that are not streamed count too (timed on the engine's stream the
 gateway reads them from), and a stream the client read slowly does not
 (tiergate.gateway.openai.timing). Requests already admitted keep their slots when the
@@ -35,8 +40,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from tiergate.gateway.access.gate import Gate
 from tiergate.settings import PatientAdmission
@@ -44,6 +49,9 @@ from tiergate.settings import PatientAdmission
 # A limit over the target is cut to this share of itself (as CUBIC cuts a window: 0.5
 # swung the limit from 16 to 8 and back, with a burst of slow samples after each rise).
 _DECREASE = 0.7
+# The tenants a reference keeps samples of (the most recent ones): bounds its memory and
+# the work of its median whatever the number of keys.
+_REFERENCE_OWNERS = 64
 
 
 class PatientLane:
@@ -55,9 +63,9 @@ class PatientLane:
         self._s = settings
         self._clock = clock
         self.gate = Gate(settings.max_concurrent, settings.max_queue)
-        self._tpot_ref: deque[float] = deque(maxlen=settings.reference_samples)
-        self._ttft_ref: dict[int, deque[float]] = {}
-        self._window: list[float] = []
+        self._tpot_ref = _Reference(settings.reference_samples)
+        self._ttft_ref: dict[int, _Reference] = {}
+        self._window: dict[str, list[float]] = {}
         self._window_started = clock()
         self._last_interactive = float("-inf")
         # The last window's median slowdown (None before there is a reference).
@@ -71,10 +79,18 @@ class PatientLane:
         """What an interactive stream notes as it is admitted (see :meth:`observe`)."""
         return self.gate.active
 
-    def observe(self, tpot: float, ttft: float, prompt_tokens: int, active_at_start: int) -> None:
+    def observe(
+        self,
+        tpot: float,
+        ttft: float,
+        prompt_tokens: int,
+        active_at_start: int,
+        owner: str = "",
+    ) -> None:
         """An interactive stream's time per output token and to its first token, its prompt's
-        estimated tokens, and the patient requests in flight when it was admitted
-        (:meth:`started`): with no more than the floor then and now, it is a reference."""
+        estimated tokens, the patient requests in flight when it was admitted
+        (:meth:`started`): with no more than the floor then and now, it is a reference; and
+        the tenant (``owner``) whose stream it was."""
         if not self._s.adaptive:
             return
         now = self._clock()
@@ -82,13 +98,15 @@ class PatientLane:
         floor = self._s.min_concurrent
         size = max(1, prompt_tokens).bit_length()
         if active_at_start <= floor and self.gate.active <= floor:
-            self._tpot_ref.append(tpot)
-            ttfts = self._ttft_ref.setdefault(size, deque(maxlen=self._s.reference_samples))
-            ttfts.append(ttft)
-        first = _over(ttft, self._ttft_ref.get(size, ())) if self._s.judge_ttft else None
-        slowdown = _worst([_over(tpot, self._tpot_ref), first])
+            self._tpot_ref.add(owner, tpot)
+            ttfts = self._ttft_ref.setdefault(size, _Reference(self._s.reference_samples))
+            ttfts.add(owner, ttft)
+        first = None
+        if self._s.judge_ttft and size in self._ttft_ref:
+            first = _over(ttft, self._ttft_ref[size].value())
+        slowdown = _worst([_over(tpot, self._tpot_ref.value()), first])
         if slowdown is not None:
-            self._window.append(slowdown)
+            self._window.setdefault(owner, []).append(slowdown)
         if now - self._window_started >= self._s.adjust_seconds:
             self._adjust(now)
 
@@ -102,21 +120,44 @@ class PatientLane:
                 self.gate.resize(self._s.max_concurrent)
 
     def _adjust(self, now: float) -> None:
-        samples, self._window, self._window_started = self._window, [], now
+        voices, self._window, self._window_started = self._window, {}, now
         floor, ceiling = self._s.min_concurrent, self._s.max_concurrent
-        if not samples:
-            if not self._tpot_ref:
+        if not voices:
+            if self._tpot_ref.value() is None:
                 self.gate.resize(floor)  # no reference yet: measure one
             return
-        self.slowdown = statistics.median(samples)
+        self.slowdown = statistics.median(statistics.median(v) for v in voices.values())
         if self.slowdown > self._s.target_slowdown:
             self.gate.resize(max(floor, int(self.limit * _DECREASE)))
         elif self.gate.active >= self.limit or self.gate.queued:
             self.gate.resize(min(ceiling, self.limit + max(1, self.limit // 8)))
 
 
-def _over(value: float, reference: Sequence[float]) -> float | None:
-    return value / statistics.median(reference) if reference else None
+class _Reference:
+    """A reference time: each tenant's last ``samples`` (of the ``owners`` tenants heard
+    from last), and as its value the median of each tenant's median, so that no tenant
+    fills it alone."""
+
+    def __init__(self, samples: int, owners: int = _REFERENCE_OWNERS) -> None:
+        self._samples = samples
+        self._owners = owners
+        self._by_owner: OrderedDict[str, deque[float]] = OrderedDict()
+        self._value: float | None = None
+
+    def add(self, owner: str, sample: float) -> None:
+        kept = self._by_owner.pop(owner, None) or deque(maxlen=self._samples)
+        kept.append(sample)
+        self._by_owner[owner] = kept  # the most recent tenant last
+        if len(self._by_owner) > self._owners:
+            self._by_owner.popitem(last=False)
+        self._value = statistics.median(statistics.median(v) for v in self._by_owner.values())
+
+    def value(self) -> float | None:
+        return self._value
+
+
+def _over(value: float, reference: float | None) -> float | None:
+    return value / reference if reference else None
 
 
 def _worst(ratios: list[float | None]) -> float | None:

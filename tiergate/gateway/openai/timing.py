@@ -8,6 +8,11 @@ tiergate.gateway.openai.assemble) and timed on that stream, so interactive calle
 not stream steer the lane too. A stream whose writes waited for its client is not the
 lane's signal: a client that reads slowly is slow by its own doing, and its TPOT would cut
 the lane for every tenant's flex and batch work (or, taken as the reference, lift it).
+
+An answer's TPOT is per choice: vLLM's ``completion_tokens`` sums the ``n`` choices it
+decoded side by side in the same steps, so dividing by it would make a caller's ``n=8``
+stream look 8x faster than the engine really was, and hold the lane open (or, as the
+reference, shut it) for every tenant.
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ def answer_times(
     timed: tuple[float, float, float],
     usage: dict[str, Any] | None,
     stream: StreamOutcome | None = None,
+    choices: int = 1,
 ) -> None:
     """``timed``: when (``time.perf_counter``) the request came, its first token came and
     its answer ended; ``fields`` is the answer's log line; ``stream``: a streamed answer's
-    outcome."""
+    outcome; ``choices``: the sequences decoded side by side (:func:`choices_of`)."""
     started, first_token_at, end = timed
     ttft = first_token_at - started
     fields["ttft_ms"] = round(ttft * 1000.0, 3)
@@ -50,6 +56,7 @@ def answer_times(
         signal = stream.completed and waited <= CLIENT_WAIT_SHARE * (end - started)
     usage = usage or {}
     out_tokens = int(usage.get("completion_tokens", usage.get("output_tokens")) or 0)
+    out_tokens //= max(1, choices)  # per choice: the n choices share each step
     if out_tokens > 1 and end > first_token_at:  # not all in one read: a time per token
         tpot = (end - first_token_at) / (out_tokens - 1)
         fields["tpot_ms"] = round(tpot * 1000.0, 3)
@@ -57,3 +64,12 @@ def answer_times(
             metrics.observe(metrics.tpot, tpot, tier)
         if signal:
             lease.observe_answer(tier, tpot, ttft)
+
+
+def choices_of(body: dict[str, Any]) -> int:
+    """How many sequences the engine decodes side by side for ``body``: its ``n`` (vLLM
+    refuses a value that is not a positive integer, so anything else counts as 1)."""
+    n = body.get("n")
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
