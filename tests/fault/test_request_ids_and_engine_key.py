@@ -4,6 +4,8 @@ on every request and probe, and a refused engine key is not the client's fault."
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 from typing import Any
 
 import httpx
@@ -12,6 +14,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import gateway_settings, running_gateway
 from tiergate.gateway.access.auth import new_key
+from tiergate.gateway.openai.requestids import INTERNAL_ID_HEADER
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 SAME_ID = "client-chosen-id-1"
@@ -132,3 +135,23 @@ def test_refused_engine_key_is_a_gateway_error(fakes: list[FakeVllm]) -> None:
         assert "a-wrong-key" not in resp.text
         # Not an endpoint failure: the endpoint stays in the pool.
         assert metric_value(base, "tiergate_endpoint_healthy", tier="standard") == 1
+
+
+def test_request_ids_say_nothing_of_other_callers_traffic(fakes: list[FakeVllm]) -> None:
+    """Attacker's test: the gateway's ids were a per-process counter, returned even on a
+    401, so anyone could measure the replica's request rate by sending two requests
+    around other tenants' traffic. Ids are random now: no two are near each other."""
+    key, digest = new_key()
+    auth: dict[str, Any] = {"enabled": True, "keys": [{"name": "app", "hash": digest}]}
+    settings = gateway_settings([fakes[0].url], [fakes[2].url], auth=auth)
+    with running_gateway(settings) as base:
+        ids = []
+        for i in range(20):
+            headers = {"authorization": f"Bearer {key if i % 2 else 'tg-wrong'}"}
+            answer = httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers)
+            assert answer.status_code == (200 if i % 2 else 401)
+            ids.append(answer.headers[INTERNAL_ID_HEADER])
+    assert all(re.fullmatch(r"req_[0-9a-f]{24}", i) for i in ids), ids
+    assert len(set(ids)) == len(ids)
+    numbers = [int(i[4:], 16) for i in ids]
+    assert all(abs(a - b) > 1 << 40 for a, b in itertools.pairwise(numbers)), ids

@@ -19,6 +19,7 @@ from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.openai.assemble import Assembled, read_assembled
+from tiergate.gateway.openai.cachesalt import CacheSalts
 from tiergate.gateway.openai.clientwatch import ClientGone, DisconnectWatch
 from tiergate.gateway.openai.relay import BodyRelay, RelayResponse
 from tiergate.gateway.openai.requestids import (
@@ -42,7 +43,7 @@ from tiergate.gateway.openai.streaming import (
     StreamOutcome,
     relay_events,
 )
-from tiergate.gateway.openai.timing import answer_times
+from tiergate.gateway.openai.timing import answer_times, choices_of
 from tiergate.gateway.openai.upstream import Opened, UpstreamCaller
 from tiergate.gateway.openai.upstreamhttp import UpstreamClient
 from tiergate.gateway.openai.wire import JSONAnswer, wanted_headers
@@ -95,6 +96,7 @@ class CompletionsProxy:
         self._access_log = access_log
         self._metrics = metrics
         self._ids = RequestIds()
+        self._salts = CacheSalts(settings.routing.cache_salt_secret)
         self._caller = UpstreamCaller(pools, upstream, settings.timeouts, settings.policy, metrics)
 
     async def handle(self, request: Request, path: str) -> Response:
@@ -139,6 +141,7 @@ class CompletionsProxy:
                 self._settings.routing.prefix_chars,
                 self._settings.gateway.max_tokens_limit,
                 ROUTES[path],
+                self._salts.of(caller.owner),
             )
             fields.update(model=req.model, stream=req.stream)
             decision = self._gatekeeper.decide(caller, req)
@@ -244,7 +247,8 @@ class CompletionsProxy:
                 ctx.lease.end(usage)
                 if times is not None:  # read from the engine's stream: timed as one
                     timed = (ctx.started, times.first_token_at, times.ended_at)
-                    answer_times(self._metrics, ctx.fields, ctx.lease, tier, timed, usage)
+                    n = choices_of(req.body)
+                    answer_times(self._metrics, ctx.fields, ctx.lease, tier, timed, usage, None, n)
             raw = orjson.dumps(data)
         overhead = ctx.gateway_seconds() + assembling + (time.perf_counter() - received)
         ctx.headers[OVERHEAD_HEADER] = f"{overhead * 1000.0:.3f}"
@@ -320,7 +324,8 @@ class CompletionsProxy:
                 self._count_tokens(tier, req.model, result.usage)
             if result.first_token_at is not None:
                 timed = (ctx.started, result.first_token_at, end)
-                answer_times(self._metrics, fields, ctx.lease, tier, timed, result.usage, result)
+                n = choices_of(req.body)
+                answer_times(self._metrics, fields, ctx.lease, tier, timed, result.usage, result, n)
             status = 499 if result.cancelled else 200
             overhead = ctx.gateway_seconds() + result.processing_seconds
             self._finish(

@@ -3,12 +3,14 @@
 A client's ``x-request-id`` is echoed and logged but never used as an identity: reusing
 one must not let two requests share a concurrency lease, nor reach vLLM (which refuses to
 run a request id twice at once) as one.
+
+The gateway's ids are random: a counter, returned to every caller (on a 401 too), would
+let anyone measure how many requests the replica's other tenants send.
 """
 
 from __future__ import annotations
 
-import itertools
-import uuid
+import secrets
 
 REQUEST_ID_HEADER = "x-request-id"
 INTERNAL_ID_HEADER = "x-tiergate-request-id"
@@ -16,14 +18,10 @@ _MAX_CLIENT_ID_CHARS = 256
 
 
 class RequestIds:
-    """Unique request ids: a random per-process prefix and a counter (cheaper than uuid4)."""
-
-    def __init__(self) -> None:
-        self._prefix = f"req_{uuid.uuid4().hex[:12]}"
-        self._count = itertools.count(1)
+    """Unique, unpredictable request ids: 96 random bits each (about 1 us)."""
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._count):012x}"
+        return f"req_{secrets.token_hex(12)}"
 
 
 def client_request_id(value: str | None) -> str | None:

@@ -110,6 +110,14 @@ class Route:
     def sampling(self) -> bool:
         return self.kind is RouteKind.GENERATE
 
+    @property
+    def salted(self) -> bool:
+        """Its requests carry the tenant's ``cache_salt`` (tiergate.gateway.openai.cachesalt):
+        every route that runs the model, since a pooling engine may cache prefixes too
+        (vLLM takes the field on both kinds, and ignores a field a request does not
+        model)."""
+        return self.kind is not RouteKind.TOKENIZER
+
 
 _OUTPUT = ("max_tokens", "max_completion_tokens")
 # What the chat and the legacy completions routes share.

@@ -45,6 +45,8 @@ class InspectedRequest:
     # Non-streamed, but asked of the engine as a stream and assembled by the gateway
     # (tiergate.gateway.openai.assemble), so that time-outs measure liveness, not length.
     assembled: bool = False
+    # The tenant's vLLM cache_salt on a generation route (tiergate.gateway.openai.cachesalt).
+    cache_salt: str | None = None
 
     @property
     def needs(self) -> Needs:
@@ -155,11 +157,12 @@ def prompt_texts(body: dict[str, Any], path: str = "/v1/chat/completions") -> li
     return ROUTES[path].prompt(body)
 
 
-def prefix_key(parts: list[str], chars: int) -> int | None:
-    """A key for the leading part of the prompt, for prefix-cache affinity."""
+def prefix_key(parts: list[str], chars: int, salt: str | None = None) -> int | None:
+    """A key for the leading part of the prompt, for prefix-cache affinity: with the
+    tenant's cache salt, since a prefix cached under another salt is no hit."""
     if not parts:
         return None
-    return hash("\x00".join(parts)[:chars])
+    return hash((salt, "\x00".join(parts)[:chars]))
 
 
 def _check_max_tokens(body: dict[str, Any], names: tuple[str, ...], limit: int) -> None:
@@ -187,8 +190,10 @@ def inspect(
     prefix_chars: int,
     max_tokens_limit: int = 1 << 30,
     route: Route | None = None,
+    cache_salt: str | None = None,
 ) -> InspectedRequest:
-    """Validate the fields the gateway reads; the rest is vLLM's."""
+    """Validate the fields the gateway reads; the rest is vLLM's. ``cache_salt``: the
+    caller's tenant's, sent on the routes that take one (:attr:`Route.salted`)."""
     route = route or ROUTES["/v1/chat/completions"]
     body = parse_body(raw)
     model = body.get("model")
@@ -207,6 +212,7 @@ def inspect(
     refuse_empty_input(route.path, body)
     parts = route.prompt(body)
     assembled = not stream and route.asks_stream_usage and assembles(body)
+    salt = cache_salt if route.salted else None
     return InspectedRequest(
         body=body,
         route=route,
@@ -215,16 +221,18 @@ def inspect(
         wants_usage=wants_usage,
         asked=requested_tier(body.get("service_tier"), tier_header),
         fast_compatible=not route.sampling or fast_compatible(body),
-        prefix_key=prefix_key(parts, prefix_chars),
+        prefix_key=prefix_key(parts, prefix_chars, salt),
         prompt_chars=sum(len(p) for p in parts),
         assembled=assembled,
+        cache_salt=salt,
     )
 
 
 def upstream_body(req: InspectedRequest, engine_priority: int | None = None) -> bytes:
     """The body sent to vLLM: the client's, less ``service_tier`` and ``priority`` (the
     gateway's business: a caller never sets its own place in the engine's queue), with
-    ``engine_priority`` as vLLM's ``priority`` when the engines schedule by it, and usage
+    ``engine_priority`` as vLLM's ``priority`` when the engines schedule by it, the
+    tenant's ``cache_salt`` in place of any the caller sent, and usage
     requested on streams so that tokens are always counted; an assembled request is sent
     as a stream."""
     body = dict(req.body)
@@ -232,6 +240,8 @@ def upstream_body(req: InspectedRequest, engine_priority: int | None = None) -> 
     body.pop("priority", None)
     if engine_priority is not None:
         body["priority"] = engine_priority
+    if req.cache_salt is not None:
+        body["cache_salt"] = req.cache_salt
     if req.assembled:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
