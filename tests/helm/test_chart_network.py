@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.helm.chart import (
     CHART,
@@ -141,3 +142,37 @@ def test_shutdown_fits_the_grace_period(
 
 
 # --- Tier fitting in the cluster -----------------------------------------------------------
+
+
+def test_engines_admit_scrapers_of_the_monitoring_namespace_only(tmp_path: Path) -> None:
+    """Attacker's test: the engines' scraper rule admitted any pod labelled
+    app.kubernetes.io/name=prometheus in any namespace to the engines' API port, where
+    vLLM's key guards /v1 only: a tenant's pod so labelled called /invocations (the model)
+    without keys, limits or tiers. Peers now name their namespace, and values that would
+    admit every namespace are refused."""
+    docs = render(sets=("metrics.serviceMonitor.enabled=true",))
+    policy = find(docs, "NetworkPolicy", "rel-tiergate-vllm")["spec"]
+    scrapers = [
+        peer for rule in policy["ingress"] for peer in rule["from"] if "namespaceSelector" in peer
+    ]
+    assert scrapers, "monitoring on: Prometheus is admitted"
+    tenant_namespace = {"kubernetes.io/metadata.name": "team-a"}
+    for peer in scrapers:
+        assert not _selects(peer["namespaceSelector"], tenant_namespace), peer
+        assert _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "monitoring"})
+    prometheus = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    for i, peer in enumerate(({"namespaceSelector": {}, **prometheus}, prometheus)):
+        values = tmp_path / f"scrapers-{i}.yaml"
+        values.write_text(yaml.safe_dump({"vllm": {"networkPolicy": {"scrapers": [peer]}}}))
+        err = render_fails("metrics.serviceMonitor.enabled=true", values=(values,))
+        assert "vllm.networkPolicy.scrapers" in err and "namespace" in err
+
+
+def test_replicas_share_the_cache_salt_key() -> None:
+    """Every gateway replica gets the same routing.cache_salt_secret (the engines' key), so
+    a tenant's prefix-cache hits hold whichever replica serves it."""
+    docs = render()
+    gateway = pod_spec(docs, "Deployment", "rel-tiergate-gateway")["containers"][0]
+    env = {e["name"]: e for e in gateway["env"]}
+    ref = env["TIERGATE_ROUTING__CACHE_SALT_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref == env["TIERGATE_TIERS__STANDARD__API_KEY"]["valueFrom"]["secretKeyRef"]
