@@ -178,6 +178,7 @@ def run_local_stack(
     from tiergate.gateway.app import create_app
     from tiergate.gateway.logs import configure_logging
     from tiergate.gateway.serving import uvicorn_options
+    from tiergate.local.private import private_dir
     from tiergate.quant.prepare import prepare_profile_model
 
     if eager_engines:
@@ -190,8 +191,7 @@ def run_local_stack(
     if short is not None:
         _say(f"error: {short}")
         return 1
-    log_dir = settings.cache_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = private_dir(settings.cache_dir / "logs")
     engines: list[Engine] = []
     supervisor = Supervisor(_say)
 

@@ -207,6 +207,10 @@ def test_make_ups_stack_restarts_what_dies_and_resumes_on_its_data(stack: Stack)
     fast_pid = stack.child("--port", str(stack.ports["fast"]))
     fast_argv = Path(f"/proc/{fast_pid}/cmdline").read_bytes().split(b"\0")
     assert b"--enforce-eager" not in fast_argv
+    # Tenants' jobs, uploads and batches, and the logs that quote them: root's alone.
+    cache = Path(stack.env["TIERGATE_CACHE_DIR"])
+    for private in (cache / "pipeline", cache / "logs"):
+        assert private.stat().st_mode & 0o777 == 0o700, private
     for stream in (False, True):
         answer = _chat(base, "priority", stream)
         assert answer.status_code == 200 and answer.headers["x-tiergate-tier"] == "fast"

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from tiergate.jobsettings import JobsSettings
+from tiergate.local.private import private_dir
 from tiergate.local.servers import (
     LOCAL_CREDENTIALS,
     ObjectStore,
@@ -144,7 +145,7 @@ def local_jobs(
         os.environ.setdefault(key, value)
     ports = ports or LocalPorts.configured(settings)
     jobs = local_jobs_settings(settings, ports)
-    data = data or settings.cache_dir / "pipeline"
+    data = private_dir(data or settings.cache_dir / "pipeline")
     store: ObjectStore = object_store(data, log_dir / "seaweedfs.log", ports.s3)
     kafka = broker(ports.broker, store.url, log_dir / "tansu.log")
     started: list[Server] = []
