@@ -25,7 +25,8 @@ class ExpiresAfter(Strict):
 class OpenAIBatchCreate(Strict):
     """OpenAI's ``POST /v1/batches`` body."""
 
-    input_file_id: str = Field(min_length=1, max_length=64)
+    # A file id as POST /v1/files makes them: nothing else reaches the store's keys.
+    input_file_id: str = Field(pattern=r"^file-[0-9a-f]{32}$")
     endpoint: Endpoint
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None

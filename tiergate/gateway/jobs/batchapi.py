@@ -21,6 +21,7 @@ import math
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.uploads import Reads, Storage
+from tiergate.gateway.openai.routes import ROUTES
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.lines.finalize import Finalizer, public
 from tiergate.jobs.lines.store import LineBatchStore, chunk_message, new_batch_id
@@ -44,6 +46,9 @@ from tiergate.queue.pipeline import JobQueue, QueueUnavailable
 
 _BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
 _MAX_ERRORS = 100
+# A caller's value quoted in an error (a custom_id, a model) is cut here: 100 errors quoting
+# 1 MB ids made a 117 MB batch object.
+_QUOTED_CHARS = 64
 
 
 def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
@@ -72,7 +77,28 @@ class _Checked:
             self.errors.append({"code": code, "message": message, "param": param, "line": line})
 
 
-def check_input(path: Path, endpoint: str, chunk_lines: int, chars_per_token: float) -> _Checked:
+@dataclass(frozen=True, slots=True)
+class LineRules:
+    """What every line of a batch is checked against: the batch's ``endpoint``, the
+    gateway's ``max_output`` (gateway.max_tokens_limit: a line's output estimate when it
+    sets no bound), and the owner's ``tokens_per_minute`` (a line whose prompt alone is
+    over it could never be admitted, and is refused here rather than retried)."""
+
+    endpoint: str
+    chunk_lines: int
+    chars_per_token: float
+    max_output: int
+    tokens_per_minute: int | None = None
+
+
+def _quoted(value: str) -> str:
+    """A caller's value as an error message quotes it: at most _QUOTED_CHARS characters."""
+    if len(value) <= _QUOTED_CHARS:
+        return repr(value)
+    return repr(value[:_QUOTED_CHARS]) + f" (and {len(value) - _QUOTED_CHARS} more characters)"
+
+
+def check_input(path: Path, rules: LineRules) -> _Checked:
     """Read the input file once: its chunks' byte ranges, and every line's problems."""
     found = _Checked()
     seen: set[str] = set()
@@ -87,8 +113,8 @@ def check_input(path: Path, endpoint: str, chunk_lines: int, chars_per_token: fl
                 chunk_start, chunk_first = start, number
             in_chunk += 1
             found.lines += 1
-            _check_line(found, raw, number, endpoint, seen, chars_per_token)
-            if in_chunk == chunk_lines:
+            _check_line(found, raw, number, rules, seen)
+            if in_chunk == rules.chunk_lines:
                 found.plan.append([chunk_start, offset, chunk_first, in_chunk])
                 in_chunk = 0
     if in_chunk:
@@ -98,9 +124,7 @@ def check_input(path: Path, endpoint: str, chunk_lines: int, chars_per_token: fl
     return found
 
 
-def _check_line(
-    found: _Checked, raw: bytes, number: int, endpoint: str, seen: set[str], chars: float
-) -> None:
+def _check_line(found: _Checked, raw: bytes, number: int, rules: LineRules, seen: set[str]) -> None:
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -115,7 +139,7 @@ def _check_line(
     elif custom_id in seen:
         found.error(
             "duplicate_custom_id",
-            f"The custom_id {custom_id!r} is used by an earlier line.",
+            f"The custom_id {_quoted(custom_id)} is used by an earlier line.",
             number,
             "custom_id",
         )
@@ -123,10 +147,10 @@ def _check_line(
         seen.add(custom_id)
     if line.get("method") != "POST":
         found.error("invalid_method", "method must be POST.", number, "method")
-    if line.get("url") != endpoint:
+    if line.get("url") != rules.endpoint:
         found.error(
             "invalid_url",
-            f"url must be the batch's endpoint, {endpoint}.",
+            f"url must be the batch's endpoint, {rules.endpoint}.",
             number,
             "url",
         )
@@ -140,14 +164,50 @@ def _check_line(
     elif model != found.model:
         found.error(
             "mismatched_model",
-            f"Every line of a batch uses one model: this one asks for {model!r}, the first "
-            f"for {found.model!r}.",
+            f"Every line of a batch uses one model: this one asks for {_quoted(model)}, the "
+            f"first for {_quoted(found.model)}.",
             number,
             "body.model",
         )
     assert isinstance(body, dict)
-    most = body.get("max_completion_tokens", body.get("max_tokens", 0))
-    found.tokens += math.ceil(len(raw) / chars) + (most if isinstance(most, int) else 0)
+    route = ROUTES[rules.endpoint]
+    most = _output_bound(found, body, number, route.max_token_fields, rules.max_output)
+    prompt = max(1, math.ceil(sum(len(p) for p in route.prompt(body)) / rules.chars_per_token))
+    per_minute = rules.tokens_per_minute
+    if per_minute and prompt > per_minute:
+        found.error(
+            "line_over_rate_limit",
+            f"This line's prompt is about {prompt} tokens, more than this key's "
+            f"tokens_per_minute ({per_minute}): no minute could admit it.",
+            number,
+            "body",
+        )
+    found.tokens += math.ceil(len(raw) / rules.chars_per_token) + most
+
+
+def _output_bound(
+    found: _Checked, body: dict[str, Any], number: int, names: tuple[str, ...], max_output: int
+) -> int:
+    """The line's output tokens at most, for the enqueued-token estimate: its bound (an
+    integer of at least 1; one over ``max_output`` is the gateway's to refuse, as that
+    line's answer, and counts as ``max_output``), else ``max_output``, which the gateway
+    would allow it (0 on a route that has no output)."""
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON has one number type: 16.0 is 16, as the gateway reads it
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            found.error(
+                "invalid_value",
+                f"body.{name} must be an integer of at least 1.",
+                number,
+                f"body.{name}",
+            )
+            return 0
+        return min(value, max_output)
+    return max_output if names else 0
 
 
 class BatchAPI:
@@ -164,6 +224,7 @@ class BatchAPI:
         reads: Reads,
         max_body_bytes: int,
         chars_per_token: float,
+        max_output: int,
     ) -> None:
         self._settings = settings
         self._lines = lines
@@ -176,6 +237,7 @@ class BatchAPI:
         self._reads = reads
         self._max_body = max_body_bytes
         self._chars = chars_per_token
+        self._max_output = max_output
         self._finalizer = Finalizer(lines, files, settings)
 
     def _caller(self, request: Request) -> Caller:
@@ -290,10 +352,15 @@ class BatchAPI:
                 raise OpenAIError(
                     400, "The input file's content is missing.", param="input_file_id"
                 )
-            s = self._settings
-            checked: _Checked = await asyncio.to_thread(
-                check_input, path, spec.endpoint, s.chunk_lines, self._chars
+            limits = caller.key.limits if caller.key is not None else None
+            rules = LineRules(
+                spec.endpoint,
+                self._settings.chunk_lines,
+                self._chars,
+                self._max_output,
+                limits.tokens_per_minute if limits is not None else None,
             )
+            checked: _Checked = await asyncio.to_thread(check_input, path, rules)
         if checked.model is not None and not checked.errors:
             try:
                 self._gatekeeper.check_model(caller, checked.model)

@@ -60,5 +60,6 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         jobs.read,
         settings.gateway.max_body_bytes,
         settings.limits.chars_per_token,
+        settings.gateway.max_tokens_limit,
     )
     return JobsWiring(jobs, batches, files, openai_batches, queue, stream_pool)

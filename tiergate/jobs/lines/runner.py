@@ -6,9 +6,14 @@ owner: the owner's models, tiers and limits apply) without its ``service_tier``,
 served at the agent jobs' urgency: after every interactive request, on the same engines.
 The gateway's capacity answers (429, 503) and connection failures are retried with backoff
 for up to ``batch_api.line_patience_seconds``; any other answer is the line's answer: 2xx
-to the output file, the rest to the error file, as OpenAI writes them. Lines not begun when
-the batch is cancelled or expires are skipped (in neither file). The chunk's answers are
-written once (:meth:`LineBatchStore.put_chunk`); a chunk already answered is not run again.
+to the output file, the rest to the error file, as OpenAI writes them. A 429 of the
+owner's own limits (``rate_limit_exceeded``) is the line's answer at once: retried in
+place, a throttled key's chunk held the worker's batch capacity for as long as its lines'
+patience (half an hour for 64 lines) while every other tenant's chunks waited behind it.
+Lines are split on ``\n`` alone, as the gateway checked them (``\r`` is JSON whitespace).
+Lines not begun when the batch is cancelled or expires are skipped (in neither file). The
+chunk's answers are written once (:meth:`LineBatchStore.put_chunk`); a chunk already
+answered is not run again.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ class ChunkRunner:
         if got is None:
             return "gone"  # its creation failed after the record was sent
         raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
-        lines = [] if raw is None else [line for line in raw.splitlines() if line.strip()]
+        lines = _lines_of(raw)
         stop = _Stop(self, msg)
         stop.seen(str(got[0]["status"]))
         futures = [
@@ -137,7 +142,7 @@ class ChunkRunner:
     def fail(self, msg: ChunkMessage, code: str) -> None:
         """Answer every line of chunk ``msg`` as an error (a chunk that cannot be run)."""
         raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
-        lines = [] if raw is None else [line for line in raw.splitlines() if line.strip()]
+        lines = _lines_of(raw)
         answers = []
         for i, line in enumerate(lines):
             try:
@@ -192,7 +197,7 @@ class ChunkRunner:
             except httpx.TransportError as exc:
                 failure = f"{type(exc).__name__}"
                 resp = None
-            if resp is not None and resp.status_code not in _RETRIED:
+            if resp is not None and (resp.status_code not in _RETRIED or _own_limit(resp)):
                 return self._answer(msg, number, custom_id, resp)
             if resp is not None:
                 failure = f"HTTP {resp.status_code}"
@@ -229,6 +234,23 @@ class ChunkRunner:
     def status(self, msg: ChunkMessage) -> str | None:
         got = self._lines.get(msg.owner, msg.batch_id)
         return None if got is None else str(got[0]["status"])
+
+
+def _lines_of(raw: bytes | None) -> list[bytes]:
+    """A chunk's lines as the gateway's check counted them: split on ``\n`` alone, blank
+    ones left out."""
+    return [] if raw is None else [line for line in raw.split(b"\n") if line.strip()]
+
+
+def _own_limit(resp: httpx.Response) -> bool:
+    """A 429 of the owner's own limits (its rates or concurrency), not of capacity."""
+    if resp.status_code != 429:
+        return False
+    try:
+        error = resp.json().get("error") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == "rate_limit_exceeded"
 
 
 def _response(resp: httpx.Response) -> dict[str, Any]:

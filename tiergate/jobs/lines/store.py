@@ -19,6 +19,7 @@ Batch ids sort by creation time, as file ids do.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ import orjson
 
 from tiergate.jobs.state.store import JobStore
 from tiergate.protocol.openaibatch import ChunkMessage
+
+# An active batch's marker ends with its lines and its estimated tokens.
+_ACTIVE_MARKER = re.compile(r"-(\d+)-(-?\d+)$")
 
 
 def new_batch_id(now: float | None = None) -> str:
@@ -137,12 +141,16 @@ class LineBatchStore:
         return f"{self._root}{owner}/active/{batch_id}-{lines}-{tokens}"
 
     def enqueued(self, owner: str) -> tuple[int, int, int]:
-        """(batches, lines, tokens) of the owner's batches not yet final."""
+        """(batches, lines, tokens) of the owner's batches not yet final. A marker whose
+        figures cannot be read (one an older gateway wrote from a negative estimate,
+        ``<id>-1--999``) counts as a batch of one line and no tokens: it never makes the
+        owner's every later create fail."""
         root = f"{self._root}{owner}/active/"
         batches = lines = tokens = 0
         for key in self.objects.keys(root):
-            _, count, estimate = key.removeprefix(root).rsplit("-", 2)
-            batches, lines, tokens = batches + 1, lines + int(count), tokens + int(estimate)
+            figures = _ACTIVE_MARKER.search(key.removeprefix(root))
+            count, estimate = (int(figures[1]), int(figures[2])) if figures else (1, 0)
+            batches, lines, tokens = batches + 1, lines + count, tokens + max(0, estimate)
         return batches, lines, tokens
 
     def settle(self, owner: str, batch_id: str) -> None:

@@ -1,0 +1,104 @@
+"""OpenAI batches of one tenant cannot stall or break another's (issue 50's attacker's
+tests): through a real gateway, a real broker (Tansu), a real S3 API server (SeaweedFS) and
+a real worker, over FakeVllm."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.jobs.tenants import tenants
+from tests.jobstack import jobs_stack
+from tests.waiting import eventually
+
+
+def _jsonl(n: int, tag: str, **body: Any) -> bytes:
+    rows = [
+        {
+            "custom_id": f"{tag}-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"{tag} {i}"}],
+                "max_tokens": 8,
+                **body,
+            },
+        }
+        for i in range(n)
+    ]
+    return b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+
+
+def _submit(client: openai.OpenAI, data: bytes) -> Any:
+    upload = client.files.create(file=("in.jsonl", data), purpose="batch")
+    return client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
+def test_a_throttled_tenant_does_not_stall_another_tenants_batch(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """A key over its own requests per minute was refused 429 on every try, and its lines
+    were retried in place for line_patience_seconds (900 s) each, holding the worker's
+    batch capacity while the other tenant's chunks waited behind them. The throttled key's
+    lines are now answered at once with its 429; the other batch finishes in its normal
+    time (here: seconds; the bound below is far under the old code's wait)."""
+    keys = tenants("throttled", "other", throttled={"requests_per_minute": 3})
+    jobs = {"batch_api": {"chunk_lines": 4, "line_concurrency": 2}}
+    worker = {"api_key": keys.worker}
+    with jobs_stack(broker, s3, model, tmp_path, auth=keys.auth, jobs=jobs, worker=worker) as stack:
+        throttled = openai.OpenAI(base_url=f"{stack.base}/v1", api_key=keys.secrets["throttled"])
+        other = openai.OpenAI(base_url=f"{stack.base}/v1", api_key=keys.secrets["other"])
+        slow_batch = _submit(throttled, _jsonl(12, "throttled"))
+        batch = _submit(other, _jsonl(4, "other"))
+        stack.start_worker()
+        started = time.monotonic()
+        eventually(
+            lambda: other.batches.retrieve(batch.id).status == "completed",
+            60,
+            0.5,
+            "the other tenant's batch completed",
+        )
+        assert time.monotonic() - started < 60
+        done = other.batches.retrieve(batch.id)
+        assert done.request_counts.completed == 4
+        # The throttled batch ends too, every line answered once: its 429s in the errors.
+        eventually(
+            lambda: throttled.batches.retrieve(slow_batch.id).status == "completed",
+            60,
+            1.0,
+            "the throttled batch completed",
+        )
+        slow = throttled.batches.retrieve(slow_batch.id)
+        counts = slow.request_counts
+        assert counts.total == 12 and counts.completed + counts.failed == 12
+        assert counts.failed >= 1 and slow.error_file_id is not None
+        text = throttled.files.content(slow.error_file_id).text
+        errors = [json.loads(x) for x in text.splitlines() if x]
+        codes = {e["response"]["body"]["error"]["code"] for e in errors}
+        assert codes == {"rate_limit_exceeded"}
+        assert {e["response"]["status_code"] for e in errors} == {429}
+
+
+def test_a_negative_output_bound_fails_its_batch_and_no_later_create(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Seen on make up's stack: a batch whose line said "max_tokens": -999 was accepted,
+    and every later batches.create of the owner (on the local stack, everyone's) answered
+    500 until that batch ended."""
+    with jobs_stack(broker, s3, model, tmp_path) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        bad = _submit(client, _jsonl(1, "bad", max_tokens=-999))
+        assert bad.status == "failed" and bad.errors is not None
+        assert [(e.code, e.line, e.param) for e in bad.errors.data or []] == [
+            ("invalid_value", 1, "body.max_tokens")
+        ]
+        good = _submit(client, _jsonl(2, "good"))
+        assert good.status == "in_progress", good.errors
