@@ -102,3 +102,25 @@ def test_a_negative_output_bound_fails_its_batch_and_no_later_create(
         ]
         good = _submit(client, _jsonl(2, "good"))
         assert good.status == "in_progress", good.errors
+
+
+def test_a_keys_concurrency_limit_is_waited_out_not_answered(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """The owner's concurrency frees as its own requests end: lines refused for it are
+    retried (the gateway names the limit in x-tiergate-limit), and every line completes."""
+    model.behaviour.chunk_delay = 0.05
+    keys = tenants("narrow", narrow={"max_concurrent": 1})
+    jobs = {"batch_api": {"chunk_lines": 4, "line_concurrency": 4}}
+    worker = {"api_key": keys.worker}
+    with jobs_stack(broker, s3, model, tmp_path, auth=keys.auth, jobs=jobs, worker=worker) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key=keys.secrets["narrow"])
+        batch = _submit(client, _jsonl(8, "narrow"))
+        stack.start_worker()
+        eventually(
+            lambda: client.batches.retrieve(batch.id).status == "completed",
+            90,
+            0.5,
+            "the batch completed",
+        )
+        assert client.batches.retrieve(batch.id).request_counts.completed == 8

@@ -10,6 +10,10 @@ from pydantic import BaseModel, Field, field_validator
 from tiergate.protocol.base import Strict
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+# The gateway's 429 for a key over its limits names the limit here (requests, tokens or
+# concurrency): a batch line waits out the key's concurrency, never its rates.
+LIMIT_HEADER = "x-tiergate-limit"
+
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]
 
 # The statuses OpenAI's batch object goes through; the last five are final.

@@ -15,6 +15,7 @@ from tiergate.gateway.access.patience import PatientLane
 from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierChoice, TierPolicy
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.protocol.openaibatch import LIMIT_HEADER
 from tiergate.settings import KeyLimits, Settings
 from tiergate.tiers import FLEX_URGENCY, Tier
 
@@ -110,14 +111,17 @@ class Gatekeeper:
         return decision.headers()
 
     def _refused(self, caller: Caller, decision: Decision, headers: dict[str, str]) -> OpenAIError:
-        """The 429 for a request over the key's limits (counted in the metrics)."""
+        """The 429 for a request over the key's limits (counted in the metrics), naming the
+        limit in ``x-tiergate-limit`` (``requests``, ``tokens`` or ``concurrency``): a
+        batch line waits out the key's own concurrency, never its rates
+        (tiergate.jobs.lines.runner)."""
         self._metrics.rate_limited.labels(caller.name, decision.reason).inc()
         return OpenAIError(
             429,
             _limit_message(decision),
             code="rate_limit_exceeded",
             type_="rate_limit_error",
-            headers=headers,
+            headers={**headers, LIMIT_HEADER: decision.reason},
         )
 
     def check_model(self, caller: Caller, model: str) -> None:

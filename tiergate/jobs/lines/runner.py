@@ -7,9 +7,11 @@ served at the agent jobs' urgency: after every interactive request, on the same 
 The gateway's capacity answers (429, 503) and connection failures are retried with backoff
 for up to ``batch_api.line_patience_seconds``; any other answer is the line's answer: 2xx
 to the output file, the rest to the error file, as OpenAI writes them. A 429 of the
-owner's own limits (``rate_limit_exceeded``) is the line's answer at once: retried in
-place, a throttled key's chunk held the worker's batch capacity for as long as its lines'
-patience (half an hour for 64 lines) while every other tenant's chunks waited behind it.
+owner's own rates (``rate_limit_exceeded`` for its requests or tokens per minute) is the
+line's answer at once: retried in place, a throttled key's chunk held the worker's batch
+capacity for as long as its lines' patience (half an hour for 64 lines) while every other
+tenant's chunks waited behind it. The owner's concurrency limit is waited out as capacity
+is: its slots free as its own requests, running, end.
 Lines are split on ``\n`` alone, as the gateway checked them (``\r`` is JSON whitespace).
 Lines not begun when the batch is cancelled or expires are skipped (in neither file). The
 chunk's answers are written once (:meth:`LineBatchStore.put_chunk`); a chunk already
@@ -34,7 +36,7 @@ from tiergate.jobs.lines.store import ChunkCounts, LineBatchStore
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import StorageError
 from tiergate.jobsettings import BatchApiSettings
-from tiergate.protocol.openaibatch import FINAL, ChunkMessage
+from tiergate.protocol.openaibatch import FINAL, LIMIT_HEADER, ChunkMessage
 
 log = logging.getLogger("tiergate.lines")
 
@@ -243,14 +245,9 @@ def _lines_of(raw: bytes | None) -> list[bytes]:
 
 
 def _own_limit(resp: httpx.Response) -> bool:
-    """A 429 of the owner's own limits (its rates or concurrency), not of capacity."""
-    if resp.status_code != 429:
-        return False
-    try:
-        error = resp.json().get("error") or {}
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(error, dict) and error.get("code") == "rate_limit_exceeded"
+    """A 429 of the owner's own rates (requests or tokens per minute): not capacity, nor
+    its concurrency (the gateway names the limit in ``x-tiergate-limit``)."""
+    return resp.status_code == 429 and resp.headers.get(LIMIT_HEADER) in ("requests", "tokens")
 
 
 def _response(resp: httpx.Response) -> dict[str, Any]:
