@@ -176,3 +176,23 @@ def test_replicas_share_the_cache_salt_key() -> None:
     env = {e["name"]: e for e in gateway["env"]}
     ref = env["TIERGATE_ROUTING__CACHE_SALT_SECRET"]["valueFrom"]["secretKeyRef"]
     assert ref == env["TIERGATE_TIERS__STANDARD__API_KEY"]["valueFrom"]["secretKeyRef"]
+
+
+def test_the_gateways_tmp_holds_every_spooled_transfer_the_settings_allow() -> None:
+    """/tmp was 1 GiB while the settings let 8 transfers spool up to twice a 200 MB file
+    each (an upload's part and copy): three batch creates of a large file would fill it,
+    and the kubelet evicts a pod past its emptyDir's sizeLimit."""
+    for sets, slots, biggest in (
+        ((), 8, 200_000_000),
+        (
+            (
+                "gateway.config.jobs.max_concurrent_uploads=3",
+                "gateway.config.jobs.files.max_file_bytes=500000000",
+            ),
+            3,
+            500_000_000,
+        ),
+    ):
+        spec = pod_spec(render(sets=sets), "Deployment", "rel-tiergate-gateway")
+        tmp = next(v for v in spec["volumes"] if v["name"] == "tmp")
+        assert int(tmp["emptyDir"]["sizeLimit"]) >= slots * 2 * biggest, tmp

@@ -4,6 +4,7 @@ a real worker, over FakeVllm."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -124,3 +125,55 @@ def test_a_keys_concurrency_limit_is_waited_out_not_answered(
             "the batch completed",
         )
         assert client.batches.retrieve(batch.id).request_counts.completed == 8
+
+
+def test_parallel_creates_cannot_pass_the_keys_caps(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Attacker's test: the caps were checked without a reservation, so 20 creates at once
+    were all accepted against max_active_batches=2 (and past max_enqueued_requests)."""
+    jobs = {"batch_api": {"max_active_batches": 2}}
+    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        upload = client.files.create(file=("in.jsonl", _jsonl(3, "cap")), purpose="batch")
+        made = asyncio.run(_creates(stack.base, upload.id, 20))
+        accepted = [m for m in made if not isinstance(m, Exception)]
+        assert 1 <= len([b for b in accepted if b.status == "in_progress"]) <= 2, made
+        assert len(_refused(made)) + len(accepted) == 20, made
+    jobs = {"batch_api": {"max_active_batches": 100, "max_enqueued_requests": 10}}
+    with jobs_stack(broker, s3, model, tmp_path, jobs=jobs) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        upload = client.files.create(file=("in.jsonl", _jsonl(3, "lines")), purpose="batch")
+        made = asyncio.run(_creates(stack.base, upload.id, 20))
+        running = [m for m in made if not isinstance(m, Exception) and m.status == "in_progress"]
+        assert 1 <= len(running) <= 3, made  # 3 lines each, at most 10 enqueued
+        failed = [m for m in made if not isinstance(m, Exception) and m.status == "failed"]
+        assert all(f.errors.data[0].code == "request_limit_exceeded" for f in failed)
+        assert len(running) + len(failed) + len(_refused(made)) == 20, made
+
+
+def _refused(made: list[Any]) -> list[Any]:
+    """The creates refused 429: over the key's batches, or over its share of the
+    replica's spooled transfers (a create's check reads its input file to disk)."""
+    refused = [m for m in made if isinstance(m, openai.RateLimitError)]
+    codes = {m.code for m in refused}
+    assert codes <= {"too_many_batches", "too_many_concurrent_uploads"}, codes
+    return refused
+
+
+async def _creates(base: str, file_id: str, n: int) -> list[Any]:
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    async with client:
+        return list(
+            await asyncio.gather(
+                *(
+                    client.batches.create(
+                        input_file_id=file_id,
+                        endpoint="/v1/chat/completions",
+                        completion_window="24h",
+                    )
+                    for _ in range(n)
+                ),
+                return_exceptions=True,
+            )
+        )

@@ -5,13 +5,16 @@ the issue-50 findings that need no servers. Each failed on the code before its f
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.batchapi import LineRules, check_input
+from tiergate.gateway.jobs.files import check_lines
 from tiergate.jobs.lines.runner import _lines_of
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.protocol.openaibatch import OpenAIBatchCreate
@@ -120,3 +123,44 @@ def test_an_older_negative_marker_does_not_break_the_owners_creates() -> None:
     root = "batchapi/owner/active/"
     store = _Store([f"{root}batch_{'a' * 32}-1--999", f"{root}batch_{'b' * 32}-3-120"])
     assert LineBatchStore(store).enqueued("owner") == (2, 4, 120)  # type: ignore[arg-type]
+
+
+def _one_long_line(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "long.jsonl"
+    content = "x" * size
+    path.write_bytes(json.dumps(_line(0, max_tokens=8) | {"pad": content}).encode() + b"\n")
+    return path
+
+
+def test_a_line_longer_than_a_request_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """A file of one 190 MB line made the upload's and the batch create's checks peak at
+    about 3.2x the line (+606 MiB); the chart gives a gateway 1 GiB. Lines are now read
+    with a bound (gateway.max_body_bytes) and one past it is refused, naming it."""
+    path = _one_long_line(tmp_path, 40 * 1024 * 1024)
+    limit = 1024 * 1024
+    rules = LineRules("/v1/chat/completions", 64, 4.0, 32_768, max_line_bytes=limit)
+    tracemalloc.start()
+    try:
+        found = check_input(path, rules)
+        with (
+            path.open("rb") as source,
+            (tmp_path / "copy").open("wb") as out,
+            pytest.raises(OpenAIError) as refused,
+        ):
+            check_lines(source, out, 50_000, limit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(e["code"], e["line"]) for e in found.errors] == [("line_too_long", 1)]
+    assert refused.value.status == 400 and refused.value.code == "line_too_long"
+    assert "Line 1" in refused.value.message
+    assert peak < 8 * limit, f"peak {peak / 2**20:.1f} MiB checking a 40 MiB line"
+
+
+def test_a_line_of_exactly_the_limit_is_taken(tmp_path: Path) -> None:
+    path = _one_long_line(tmp_path, 1000)
+    size = len(path.read_bytes()) - 1  # without its newline
+    rules = LineRules("/v1/chat/completions", 64, 4.0, 32_768, max_line_bytes=size)
+    assert not check_input(path, rules).errors
+    rules = LineRules("/v1/chat/completions", 64, 4.0, 32_768, max_line_bytes=size - 1)
+    assert [e["code"] for e in check_input(path, rules).errors] == ["line_too_long"]

@@ -33,7 +33,9 @@ from starlette.responses import Response
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.uploads import Reads, Storage
+from tiergate.gateway.jobs.jsonlines import LineTooLong, bounded_lines, too_long_message
+from tiergate.gateway.jobs.reserve import Reservations, Ticket
+from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
 from tiergate.gateway.openai.routes import ROUTES
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.lines.finalize import Finalizer, public
@@ -89,6 +91,8 @@ class LineRules:
     chars_per_token: float
     max_output: int
     tokens_per_minute: int | None = None
+    # gateway.max_body_bytes: a longer line could never be sent (jsonlines.py).
+    max_line_bytes: int = 4 * 1024 * 1024
 
 
 def _quoted(value: str) -> str:
@@ -99,13 +103,22 @@ def _quoted(value: str) -> str:
 
 
 def check_input(path: Path, rules: LineRules) -> _Checked:
-    """Read the input file once: its chunks' byte ranges, and every line's problems."""
+    """Read the input file once: its chunks' byte ranges, and every line's problems (up to
+    a line longer than ``rules.max_line_bytes``, where reading stops)."""
     found = _Checked()
+    try:
+        _check_input(found, path, rules)
+    except LineTooLong as exc:
+        found.error("line_too_long", too_long_message(exc), exc.number)
+    return found
+
+
+def _check_input(found: _Checked, path: Path, rules: LineRules) -> None:
     seen: set[str] = set()
     offset = 0
     chunk_start, chunk_first, in_chunk = 0, 1, 0
     with path.open("rb") as source:
-        for number, raw in enumerate(source, start=1):
+        for number, raw in enumerate(bounded_lines(source, rules.max_line_bytes), start=1):
             start, offset = offset, offset + len(raw)
             if not raw.strip():
                 continue
@@ -121,7 +134,6 @@ def check_input(path: Path, rules: LineRules) -> _Checked:
         found.plan.append([chunk_start, offset, chunk_first, in_chunk])
     if found.lines == 0:
         found.error("empty_file", "The input file has no requests.", 0)
-    return found
 
 
 def _check_line(found: _Checked, raw: bytes, number: int, rules: LineRules, seen: set[str]) -> None:
@@ -225,6 +237,7 @@ class BatchAPI:
         max_body_bytes: int,
         chars_per_token: float,
         max_output: int,
+        slots: SpoolSlots,
     ) -> None:
         self._settings = settings
         self._lines = lines
@@ -238,7 +251,12 @@ class BatchAPI:
         self._max_body = max_body_bytes
         self._chars = chars_per_token
         self._max_output = max_output
+        # The create's check spools the input file to the temporary directory: it holds
+        # one of the slots every spooled transfer shares (SpoolSlots), as a download does.
+        self._slots = slots
         self._finalizer = Finalizer(lines, files, settings)
+        # This replica's creates under way, per key: the caps hold under parallel creates.
+        self._reservations = Reservations()
 
     def _caller(self, request: Request) -> Caller:
         return self._gatekeeper.authenticate(request.headers.get("authorization"))
@@ -253,11 +271,16 @@ class BatchAPI:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
             raise OpenAIError(400, f"{param}: {first['msg']}", param=param) from None
+        with self._reservations.ticket(caller.owner) as ticket:
+            return await self._create(caller, spec, ticket)
+
+    async def _create(self, caller: Caller, spec: OpenAIBatchCreate, ticket: Ticket) -> Response:
         batch_id = new_batch_id()
         headers = await self._gatekeeper.count_request(caller, batch_id)
         active, enqueued_lines, enqueued_tokens = await self._storage(
             self._lines.enqueued, caller.owner
         )
+        active += ticket.ahead()  # this key's creates under way before this one
         s = self._settings
         if active >= s.max_active_batches:
             raise OpenAIError(
@@ -277,7 +300,7 @@ class BatchAPI:
                 param="input_file_id",
                 code="file_not_found",
             )
-        checked = await self._check(caller, spec)
+        checked = await self._check(caller, spec, headers)
         now = int(time.time())
         batch: dict[str, Any] = {
             "id": batch_id,
@@ -304,6 +327,12 @@ class BatchAPI:
             "_chunks": len(checked.plan),
         }
         if not checked.errors:
+            # The claim stands until the ticket is returned, after the batch's record (whose
+            # marker enqueued() counts) is written: a parallel create of this key that
+            # claims later counts it either way (reserve.py).
+            claimed_lines, claimed_tokens = ticket.claim(checked.lines, checked.tokens)
+            enqueued_lines += claimed_lines
+            enqueued_tokens += claimed_tokens
             if enqueued_lines + checked.lines > s.max_enqueued_requests:
                 checked.error(
                     "request_limit_exceeded",
@@ -343,11 +372,21 @@ class BatchAPI:
             ) from exc
         return _json(public(batch), headers)
 
-    async def _check(self, caller: Caller, spec: OpenAIBatchCreate) -> _Checked:
+    async def _check(
+        self, caller: Caller, spec: OpenAIBatchCreate, headers: dict[str, str]
+    ) -> _Checked:
+        self._slots.take(caller.owner, headers, doing="checking")
+        try:
+            return await self._check_spooled(caller, spec)
+        finally:
+            self._slots.release(caller.owner)
+
+    async def _check_spooled(self, caller: Caller, spec: OpenAIBatchCreate) -> _Checked:
         with tempfile.TemporaryDirectory(prefix="tiergate-batch-") as tmp:
             path = Path(tmp) / "input"
-            if not await self._storage(
-                self._files.content_to, caller.owner, spec.input_file_id, path
+            # Charged to the key's read budget, bytes included, as a download of it is.
+            if not await self._reads(
+                caller, self._files.content_to, caller.owner, spec.input_file_id, path
             ):
                 raise OpenAIError(
                     400, "The input file's content is missing.", param="input_file_id"
@@ -359,6 +398,7 @@ class BatchAPI:
                 self._chars,
                 self._max_output,
                 limits.tokens_per_minute if limits is not None else None,
+                self._max_body,
             )
             checked: _Checked = await asyncio.to_thread(check_input, path, rules)
         if checked.model is not None and not checked.errors:

@@ -33,6 +33,7 @@ from starlette.types import Message, Receive, Scope, Send
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
+from tiergate.gateway.jobs.jsonlines import LineTooLong, bounded_lines, too_long_message
 from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
 from tiergate.jobs.state.files import FileStore, new_file_id
 from tiergate.jobsettings import JobsSettings
@@ -80,12 +81,23 @@ def _counting(receive: Receive, limit: int) -> Receive:
     return counted
 
 
-def check_lines(source: IO[bytes], out: IO[bytes], max_lines: int) -> tuple[int, int]:
-    """Copy ``source`` to ``out`` while checking it is JSON lines, each an object: the
-    number of lines (blank ones are not counted) and of bytes. 400 naming the first bad
-    line."""
+def check_lines(
+    source: IO[bytes], out: IO[bytes], max_lines: int, max_line_bytes: int
+) -> tuple[int, int]:
+    """Copy ``source`` to ``out`` while checking it is JSON lines, each an object of at
+    most ``max_line_bytes``: the number of lines (blank ones are not counted) and of bytes.
+    400 naming the first bad line."""
+    try:
+        return _check_lines(source, out, max_lines, max_line_bytes)
+    except LineTooLong as exc:
+        raise OpenAIError(400, too_long_message(exc), param="file", code="line_too_long") from None
+
+
+def _check_lines(
+    source: IO[bytes], out: IO[bytes], max_lines: int, max_line_bytes: int
+) -> tuple[int, int]:
     count = size = 0
-    for number, line in enumerate(source, start=1):
+    for number, line in enumerate(bounded_lines(source, max_line_bytes), start=1):
         out.write(line)
         size += len(line)
         if not line.strip():
@@ -139,8 +151,11 @@ class FilesAPI:
         storage: Storage,
         reads: Reads,
         slots: SpoolSlots,
+        max_line_bytes: int,
     ) -> None:
         self._jobs = jobs
+        # gateway.max_body_bytes: a longer line could never be sent (jsonlines.py).
+        self._max_line_bytes = max_line_bytes
         self._settings = jobs.files
         self._files = files
         self._gatekeeper = gatekeeper
@@ -197,7 +212,9 @@ class FilesAPI:
             if not isinstance(upload, UploadFile):
                 raise OpenAIError(400, "The form has no file field.", param="file")
             with tempfile.NamedTemporaryFile(prefix="tiergate-file-") as copy:
-                lines, size = await asyncio.to_thread(check_lines, upload.file, copy, s.max_lines)
+                lines, size = await asyncio.to_thread(
+                    check_lines, upload.file, copy, s.max_lines, self._max_line_bytes
+                )
                 if size > s.max_file_bytes:
                     raise _too_large(s.max_file_bytes)
                 if lines == 0:

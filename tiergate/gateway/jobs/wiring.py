@@ -48,7 +48,13 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
     file_store = FileStore(store)
     files = FilesAPI(
-        settings.jobs, file_store, gatekeeper, jobs.storage, jobs.read, jobs.spool_slots
+        settings.jobs,
+        file_store,
+        gatekeeper,
+        jobs.storage,
+        jobs.read,
+        jobs.spool_slots,
+        settings.gateway.max_body_bytes,
     )
     openai_batches = BatchAPI(
         settings.jobs.batch_api,
@@ -61,5 +67,6 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         settings.gateway.max_body_bytes,
         settings.limits.chars_per_token,
         settings.gateway.max_tokens_limit,
+        jobs.spool_slots,
     )
     return JobsWiring(jobs, batches, files, openai_batches, queue, stream_pool)
