@@ -266,6 +266,10 @@ class JobsSettings(_Section):
     # limits.redis_url (every replica together), else per replica; a key's
     # limits.read_units_per_minute overrides it.
     read_units_per_minute: int = Field(30_000, ge=1)
+    # A key's reads running at once on one replica (a read is charged what it cost once it
+    # has run): past it a GET is a 429 and a stream waits, so one key's flood of costly
+    # reads holds at most this many of the storage threads while other keys' reads run.
+    max_reads_in_flight_per_key: int = Field(4, ge=1)
     # The most of the fleet's running jobs one key may hold while another key's jobs wait
     # (1: no share; a key alone uses the whole fleet either way), how long a job over it
     # waits before its message comes back, and how often a worker lists who runs and who

@@ -16,6 +16,8 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
+from tiergate.jobs.lines.store import LineBatchStore
+from tiergate.jobs.state.store import JobStore
 
 
 def _jsonl(n: int, tag: str, **body: Any) -> bytes:
@@ -177,3 +179,53 @@ async def _creates(base: str, file_id: str, n: int) -> list[Any]:
                 return_exceptions=True,
             )
         )
+
+
+def test_a_batch_whose_input_file_was_deleted_still_answers_every_line(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Deleting a running batch's input file made its lines vanish (completed + failed <
+    total, the batch never accounted for). Each line is now answered once, as an error."""
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"batch_api": {"chunk_lines": 2}}) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        batch = _submit(client, _jsonl(5, "gone"))
+        client.files.delete(batch.input_file_id)
+        stack.start_worker()
+        eventually(
+            lambda: client.batches.retrieve(batch.id).status == "completed",
+            60,
+            0.5,
+            "the batch completed",
+        )
+        done = client.batches.retrieve(batch.id)
+        assert (done.request_counts.total, done.request_counts.failed) == (5, 5)
+        assert done.error_file_id is not None
+        errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+        assert [e["error"]["code"] for e in errors] == ["input_file_deleted"] * 5
+        assert len({e["id"] for e in errors}) == 5
+
+
+def test_a_finished_batchs_answers_live_in_its_files_alone(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """The chunks' answers stayed in storage after the batch was final, so an owner who
+    deleted its output file still had every answer kept. Once the files are written the
+    chunks' copies are removed, and a chunk delivered again does not write them back."""
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"batch_api": {"chunk_lines": 2}}) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        batch = _submit(client, _jsonl(5, "kept"))
+        stack.start_worker()
+        eventually(
+            lambda: client.batches.retrieve(batch.id).status == "completed",
+            60,
+            0.5,
+            "the batch completed",
+        )
+        done = client.batches.retrieve(batch.id)
+        assert done.request_counts.completed == 5 and done.output_file_id is not None
+        store = JobStore(stack.settings.jobs.storage)
+        lines = LineBatchStore(store)
+        assert [lines.chunk("anonymous", batch.id, c) for c in range(3)] == [None] * 3
+        client.files.delete(done.output_file_id)
+        leftover = [k for k in store.objects.keys(store.prefixed("batchapi/")) if batch.id in k]
+        assert not [k for k in leftover if "/chunks/" in k], leftover

@@ -5,6 +5,7 @@ go on untouched. Through a real gateway, Kafka and S3."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -264,3 +265,39 @@ def test_polling_files_and_batches_is_held_to_the_same_read_budget(
         assert httpx.get(f"{files}/{their_id}/content", headers=alice).status_code == 200
         assert httpx.get(files, headers=alice).status_code == 200
         assert httpx.get(f"{stack.base}/v1/batches", headers=alice).status_code == 200
+
+
+def test_one_keys_parallel_reads_are_bounded_in_flight_and_another_keys_go_on(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Attacker's test (issue 50): a read is charged once it has run, so parallel costly
+    reads (lists of 10,000 files) were all admitted before any was charged, each holding
+    one of the storage threads every tenant's reads share. A key now has at most
+    jobs.max_reads_in_flight_per_key reads running; past it a 429, and another key's
+    reads go on."""
+    keys = tenants("mallory", "alice")
+    mallory, alice = keys.headers("mallory"), keys.headers("alice")
+    with jobs_stack(broker, s3, model, tmp_path, auth=keys.auth) as stack:  # 4 in flight
+        files = f"{stack.base}/v1/files"
+        for _ in range(20):  # a list of them reads each one's record: some 20 store calls
+            upload = {"file": ("in.jsonl", _chat_lines(2))}
+            created = httpx.post(
+                files, data={"purpose": "batch"}, files=upload, headers=mallory, timeout=60
+            )
+            assert created.status_code == 200, created.text
+        content = f"{files}?limit=10000"
+
+        async def flood() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                reads = [client.get(content, headers=mallory) for _ in range(32)]
+                theirs = client.get(files, headers=alice)
+                return list(await asyncio.gather(theirs, *reads))
+
+        theirs, *answers = asyncio.run(flood())
+        assert theirs.status_code == 200, theirs.text
+        codes = sorted({r.status_code for r in answers})
+        assert codes == [200, 429], codes
+        refused = [r for r in answers if r.status_code == 429]
+        assert {r.json()["error"]["code"] for r in refused} == {"too_many_concurrent_reads"}
+        # The key's reads are served again once its own have finished.
+        assert httpx.get(content, headers=mallory, timeout=60).status_code == 200

@@ -63,3 +63,7 @@ class ChunkMessage(BaseModel):
     end: int = Field(ge=0)
     first_line: int = Field(ge=1)
     expires_at: int
+    # The chunk's lines (from the batch's plan): answered as errors, one each, when the
+    # input file is gone (deleted by its owner while the batch ran). None on records an
+    # older gateway sent.
+    lines: int | None = Field(None, ge=0)

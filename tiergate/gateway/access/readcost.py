@@ -13,6 +13,13 @@ the bucket holds at least one unit and is then charged what it really cost, whic
 take the bucket below zero: a costly read delays the owner's next ones, never another
 owner's. Past the budget a request is a 429 (``read_rate_limited``, with Retry-After); a
 stream or an export waits instead, and goes on once the bucket refills.
+
+A read's cost is known only once it has run, so a key's reads are also bounded in flight
+(``jobs.max_reads_in_flight_per_key`` on each replica): 200 parallel lists of 10,000
+files were all admitted before any was charged, and every tenant's reads waited behind
+them for the storage threads. Past the bound a request is a 429
+(``too_many_concurrent_reads``) and a stream waits; the overdraft of a key's budget is at
+most that many reads' cost.
 """
 
 from __future__ import annotations
@@ -50,10 +57,14 @@ def units(meter: Meter) -> int:
 class ReadBudget:
     """Each owner's read budget on this gateway (one per app)."""
 
-    def __init__(self, limiter: Limiter, objects: ObjectStore, per_minute: int) -> None:
+    def __init__(
+        self, limiter: Limiter, objects: ObjectStore, per_minute: int, in_flight: int = 4
+    ) -> None:
         self._limiter = limiter
         self._objects = objects
         self._per_minute = per_minute
+        self._most_in_flight = in_flight
+        self._in_flight: dict[str, int] = {}
 
     def _limits(self, caller: Caller) -> KeyLimits:
         own = caller.key.limits.read_units_per_minute if caller.key else None
@@ -72,7 +83,23 @@ class ReadBudget:
 
     async def read(self, caller: Caller, run: Run, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` through ``run``, charged to the caller's owner; a 429 when the
-        budget is spent."""
+        budget is spent, or when the owner has its most reads in flight."""
+        if not self._enter(caller.owner):
+            raise OpenAIError(
+                429,
+                f"This key has {self._most_in_flight} reads of its jobs, files and batches "
+                "running on this gateway, its most at once (jobs.max_reads_in_flight_per_key); "
+                "retry when one has finished.",
+                code="too_many_concurrent_reads",
+                type_="rate_limit_error",
+                headers={"retry-after": "1"},
+            )
+        try:
+            return await self._read(caller, run, fn, *args)
+        finally:
+            self._leave(caller.owner)
+
+    async def _read(self, caller: Caller, run: Run, fn: Callable[..., _T], *args: Any) -> _T:
         decision, request_id = await self._admit(caller)
         if not decision.allowed:
             seconds = max(1, math.ceil(decision.retry_after_ms / 1000))
@@ -93,12 +120,33 @@ class ReadBudget:
     ) -> _T:
         """``fn(*args)`` once the caller's owner can afford it (a stream's next poll, an
         export's next record): waits while the budget is spent."""
-        while True:
-            decision, request_id = await self._admit(caller)
-            if decision.allowed:
-                return await self._charged(caller, decision, request_id, run, fn, *args)
-            wait = min(max(decision.retry_after_ms / 1000, _MIN_WAIT_SECONDS), _MAX_WAIT_SECONDS)
-            await asyncio.sleep(wait)
+        # Polled, as the budget is below: a stream's reads are seconds apart anyway.
+        while not self._enter(caller.owner):  # noqa: ASYNC110
+            await asyncio.sleep(_MIN_WAIT_SECONDS)
+        try:
+            while True:
+                decision, request_id = await self._admit(caller)
+                if decision.allowed:
+                    return await self._charged(caller, decision, request_id, run, fn, *args)
+                wait = decision.retry_after_ms / 1000
+                await asyncio.sleep(min(max(wait, _MIN_WAIT_SECONDS), _MAX_WAIT_SECONDS))
+        finally:
+            self._leave(caller.owner)
+
+    def _enter(self, owner: str) -> bool:
+        """One of ``owner``'s reads in flight, if it has fewer than its most."""
+        held = self._in_flight.get(owner, 0)
+        if held >= self._most_in_flight:
+            return False
+        self._in_flight[owner] = held + 1
+        return True
+
+    def _leave(self, owner: str) -> None:
+        left = self._in_flight[owner] - 1
+        if left:
+            self._in_flight[owner] = left
+        else:
+            del self._in_flight[owner]
 
     async def _charged(
         self,

@@ -102,7 +102,12 @@ class JobsAPI:
         # One count of the transfers that spool to this replica's disk (uploads, files).
         self.spool_slots = SpoolSlots(settings)
         self._uploads = Uploads(settings, store, gatekeeper, self.storage, self.spool_slots)
-        self.reads = ReadBudget(gatekeeper.limiter, store.objects, settings.read_units_per_minute)
+        self.reads = ReadBudget(
+            gatekeeper.limiter,
+            store.objects,
+            settings.read_units_per_minute,
+            settings.max_reads_in_flight_per_key,
+        )
         self.streams = EventStreams(
             store, stream_pool, settings.max_streams_per_key, unavailable, self.reads
         )

@@ -7,7 +7,8 @@ answered (``completed``), when it was cancelled and its chunks in flight have en
 replica answering ``GET``) finalizes it in two conditional writes: ``finalizing`` with the
 chunks it will use (the first writer's snapshot is the one every finalizer uses), then the
 files, written under ids derived from the batch's (the same however many finalizers write
-them), then the final status. Lines are written in input order.
+them), then the final status. Lines are written in input order. The chunks' answers are
+then removed: the files are the one copy, and deleting them deletes the answers.
 """
 
 from __future__ import annotations
@@ -156,4 +157,5 @@ class Finalizer:
         if not self._lines.update(owner, batch, etag):
             return None
         self._lines.settle(owner, batch["id"])
+        self._lines.drop_answers(owner, batch["id"])
         return batch

@@ -117,9 +117,14 @@ class ChunkRunner:
             self._lines.mark_done(msg.owner, msg.batch_id, msg.chunk, counts_of(done))
             return "already"
         got = self._lines.get(msg.owner, msg.batch_id)
-        if got is None:
-            return "gone"  # its creation failed after the record was sent
+        if got is None or got[0]["status"] in FINAL:
+            # Its creation failed after the record was sent, or it ended (its answers are
+            # in its files, and a redelivered chunk must not write them again).
+            return "gone"
         raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
+        if raw is None:  # the owner deleted the input file: each line is still answered once
+            self._write(msg, _input_gone(msg))
+            return "answered"
         lines = _lines_of(raw)
         stop = _Stop(self, msg)
         stop.seen(str(got[0]["status"]))
@@ -144,6 +149,9 @@ class ChunkRunner:
     def fail(self, msg: ChunkMessage, code: str) -> None:
         """Answer every line of chunk ``msg`` as an error (a chunk that cannot be run)."""
         raw = self._files.content_range(msg.owner, msg.input_file_id, msg.start, msg.end)
+        if raw is None:
+            self._write(msg, _input_gone(msg))
+            return
         lines = _lines_of(raw)
         answers = []
         for i, line in enumerate(lines):
@@ -236,6 +244,24 @@ class ChunkRunner:
     def status(self, msg: ChunkMessage) -> str | None:
         got = self._lines.get(msg.owner, msg.batch_id)
         return None if got is None else str(got[0]["status"])
+
+
+def _input_gone(msg: ChunkMessage) -> list[dict[str, Any]]:
+    """The chunk's answers when the batch's input file was deleted before it ran: one error
+    a line, so that completed + failed still adds up to the batch's total."""
+    message = f"The batch's input file {msg.input_file_id} was deleted before this line ran."
+    return [
+        {
+            "t": "e",
+            "l": {
+                "id": request_id_of(msg.batch_id, msg.first_line + i),
+                "custom_id": None,
+                "response": None,
+                "error": {"code": "input_file_deleted", "message": message},
+            },
+        }
+        for i in range(msg.lines or 0)
+    ]
 
 
 def _lines_of(raw: bytes | None) -> list[bytes]:

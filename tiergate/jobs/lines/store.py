@@ -44,7 +44,7 @@ def chunk_message(
 ) -> ChunkMessage:
     """Chunk ``index`` of ``batch`` (its record on the batch topic), from the batch's plan:
     what the gateway sends at creation and the sweep sends again."""
-    start, end, first_line, _ = plan[index]
+    start, end, first_line, lines = plan[index]
     return ChunkMessage(
         id=f"{batch['id']}/{index}",
         owner=owner,
@@ -56,6 +56,7 @@ def chunk_message(
         end=end,
         first_line=first_line,
         expires_at=batch["expires_at"],
+        lines=lines,
     )
 
 
@@ -175,6 +176,12 @@ class LineBatchStore:
 
     def chunk(self, owner: str, batch_id: str, chunk: int) -> bytes | None:
         return self.objects.get(self._key(owner, batch_id, f"chunks/{chunk:06d}"))
+
+    def drop_answers(self, owner: str, batch_id: str) -> None:
+        """The chunks' answers of a final batch: its output and error files hold them now,
+        and an owner who deletes those must find the answers gone, not kept beside them."""
+        for key in self.objects.keys(self._key(owner, batch_id, "chunks/")):
+            self.objects.delete(key)
 
     def mark_done(self, owner: str, batch_id: str, chunk: int, counts: ChunkCounts) -> None:
         self.objects.put(self._key(owner, batch_id, f"done/{counts.name(chunk)}"), b"")
