@@ -169,3 +169,78 @@ def test_every_recipe_that_passed_parity_is_measured_as_served_before_the_choice
     fake = FakeAsServed(load_settings(), {"bf16 + ngram": {"1": 1.3, "4": 1.1}})
     fake.confirm([_screened(NGRAM, 1.4, 1.2), unjudged], _choose)
     assert fake.measured == ["bf16 + ngram"]
+
+
+INT8_NGRAM = Recipe(
+    name="W8A8 + ngram at batch 1",
+    quantize="W8A8",
+    speculative={"method": "ngram", "num_speculative_tokens": 3},
+)
+
+
+class FakeJudgingTuner(Tuner):
+    """A tuner whose late parity judgements come from a table instead of engines (a fake),
+    recording which recipes it judged."""
+
+    def __init__(self, passes: dict[str, bool]) -> None:
+        super().__init__(load_settings(), progress=lambda m: None)
+        self.passes = passes
+        self.judged: list[str] = []
+
+    def _judge_later(
+        self, result: CandidateResult, logs: Path, screen: Settings
+    ) -> CandidateResult:
+        self.judged.append(result.recipe.name)
+        return result.model_copy(update={"parity": _parity(self.passes[result.recipe.name])})
+
+
+def test_a_recipe_left_unjudged_behind_one_that_fell_short_as_served_is_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen on an AMD EPYC Zen 4: INT8 with ngram at batch 1 passed parity at 1.39x / 1.07x
+    screened and served at 1.34x / 0.98x, so the fast tier ran the standard configuration,
+    while bf16 + ngram (1.18x / 1.17x screened, lossless) and INT8 alone were never judged:
+    they had been behind the recipe that then fell short. They are judged now, the fastest
+    first, and the choice made again with their served figures."""
+    behind = "not faster than a recipe already proven"
+    results = [
+        _screened(INT8_NGRAM, 1.39, 1.07),
+        CandidateResult(
+            recipe=INT8, status="too slow", speedup={"1": 1.14, "4": 1.17}, note=behind
+        ),
+        CandidateResult(
+            recipe=NGRAM, status="too slow", speedup={"1": 1.18, "4": 1.17}, note=behind
+        ),
+    ]
+    table = {
+        INT8_NGRAM.name: {"1": 1.34, "4": 0.98},
+        NGRAM.name: {"1": 1.15, "4": 1.12},
+        INT8.name: {"1": 1.05, "4": 0.97},
+    }
+    fake = FakeAsServed(load_settings(), table)
+    monkeypatch.setattr("tiergate.tuning.tuner.AsServed", lambda *a, **k: fake)
+    tuner = FakeJudgingTuner({NGRAM.name: True, INT8.name: True})
+    confirmed = tuner._confirm(results, None, Path("/nonexistent"), load_settings())
+    assert tuner.judged == [NGRAM.name]  # INT8 alone could not win over it any more
+    assert fake.measured == [INT8_NGRAM.name, NGRAM.name]
+    choice = tuner._choose(confirmed)
+    assert choice.recipe == NGRAM and choice.verdict == "faster"
+    assert choice.speedup == {"1": 1.15, "4": 1.12}
+
+
+def test_a_late_judgement_that_fails_leaves_the_standard_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    behind = "not faster than a recipe already proven"
+    results = [
+        _screened(INT8_NGRAM, 1.39, 1.07),
+        CandidateResult(
+            recipe=INT8, status="too slow", speedup={"1": 1.14, "4": 1.17}, note=behind
+        ),
+    ]
+    fake = FakeAsServed(load_settings(), {INT8_NGRAM.name: {"1": 1.34, "4": 0.98}})
+    monkeypatch.setattr("tiergate.tuning.tuner.AsServed", lambda *a, **k: fake)
+    tuner = FakeJudgingTuner({INT8.name: False})
+    confirmed = tuner._confirm(results, None, Path("/nonexistent"), load_settings())
+    assert tuner.judged == [INT8.name]
+    assert tuner._choose(confirmed).recipe is None

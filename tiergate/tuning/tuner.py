@@ -43,7 +43,13 @@ from tiergate.quant.prepare import prepare_profile_model
 from tiergate.settings import Settings
 from tiergate.speculative.measure import acceptance_between, spec_counters
 from tiergate.tiers import Tier
-from tiergate.tuning.decide import Choice, choose, worth_judging
+from tiergate.tuning.decide import (
+    BEHIND_A_PROVEN_RECIPE,
+    Choice,
+    choose,
+    judge_next,
+    worth_judging,
+)
 from tiergate.tuning.profiles import recipe_profile
 from tiergate.tuning.report import render_decision
 from tiergate.tuning.served import AsServed, mode_of, screening_settings, standard_engine
@@ -161,15 +167,61 @@ class Tuner:
                 self.progress(f"[{index}/{len(self.tuning.candidates)}] {recipe.name}")
                 results.append(self._candidate(recipe, standard, results, logs, screen))
         if screen is not self.settings:
-            results = AsServed(self.settings, standard_url, logs, self.progress).confirm(
-                results, self._choose
-            )
+            results = self._confirm(results, standard_url, logs, screen)
         decision = self._decide(results, fingerprint, time.monotonic() - started)
         path = self.tuning.decision_path()
         decision.save(path)
         path.with_suffix(".md").write_text(render_decision(decision))
         self.progress(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
         return decision
+
+    def _confirm(
+        self, results: list[CandidateResult], standard_url: str | None, logs: Path, screen: Settings
+    ) -> list[CandidateResult]:
+        """The choice measured as served (:class:`AsServed`); where that undid it, a
+        candidate left unjudged only because the fallen recipe was ahead of it is judged
+        now (eager, as screened) and the choice made again, until none is left that could
+        change it."""
+        served = AsServed(self.settings, standard_url, logs, self.progress)
+        while True:
+            results = served.confirm(results, self._choose)
+            t = self.tuning
+            index = judge_next(results, t.min_speedup, t.min_speedup_any_level, self._primary())
+            if index is None:
+                return results
+            if self._parity_seconds > self._left():
+                self.progress(f"  {results[index].recipe.name}: parity not judged (budget)")
+                return results
+            results[index] = self._judge_later(results[index], logs, screen)
+
+    def _judge_later(
+        self, result: CandidateResult, logs: Path, screen: Settings
+    ) -> CandidateResult:
+        """Parity for a candidate screened earlier, its engine started again."""
+        recipe = result.recipe
+        self.progress(
+            f"[again] {recipe.name}: the recipe ahead of it fell short as served; judging "
+            "its parity"
+        )
+        fast = screen.profiles[Tier.FAST]
+        try:
+            profile = recipe_profile(fast, recipe, self.settings.profiles[Tier.STANDARD].model)
+            prepare_profile_model(profile, self.settings)
+            profile = profile.model_copy(update={"port": free_ports()[0]})
+            with (
+                standard_engine(screen, None, logs, self.progress) as standard,
+                launched(
+                    recipe.name,
+                    profile,
+                    logs / f"tune-{_slug(recipe.name)}.log",
+                    progress=self.progress,
+                ) as engine,
+            ):
+                judged = self._judge(recipe, profile, standard, engine, result)
+        except (SystemExit, EngineFailed, RuntimeError, OSError, httpx.HTTPError) as exc:
+            self.progress(f"  {recipe.name}: {exc}")
+            return result.model_copy(update={"status": "error", "note": str(exc)[:500]})
+        return judged.model_copy(update={"note": "judged once the recipe ahead fell short"})
 
     def _kernels(self) -> dict[str, bool]:
         """Which quantized kernels this processor's engine has (tiergate.engine.kernels);
@@ -252,7 +304,7 @@ class Tuner:
             why = (
                 f"slower than standard at concurrency {slowest}"
                 if result.speedup[slowest] < self.tuning.min_speedup_any_level
-                else "not faster than a recipe already proven"
+                else BEHIND_A_PROVEN_RECIPE
             )
             self.progress(f"  {recipe.name}: {why}; parity not judged")
             return result.model_copy(update={"note": why})
@@ -261,6 +313,18 @@ class Tuner:
             return result.model_copy(
                 update={"status": "skipped", "note": "parity not judged: tuning budget"}
             )
+        return self._judge(recipe, profile, standard, engine, result)
+
+    def _judge(
+        self,
+        recipe: Recipe,
+        profile: TierProfile,
+        standard: Engine,
+        engine: Engine,
+        result: CandidateResult,
+    ) -> CandidateResult:
+        """``result`` with the parity of ``engine`` (running ``recipe``) against
+        ``standard``, its report written beside the decision (and the checkpoint)."""
         self.progress(f"  {recipe.name}: judging parity")
         judged_at = time.monotonic()
         report = evaluate(
