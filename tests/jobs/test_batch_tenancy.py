@@ -38,6 +38,17 @@ def _jsonl(n: int, tag: str, **body: Any) -> bytes:
     return b"".join(json.dumps(row).encode() + b"\n" for row in rows)
 
 
+def _completed(client: openai.OpenAI, batch_id: str, timeout: float) -> Any:
+    """The batch once it has completed (polled, failing after ``timeout`` seconds)."""
+    eventually(
+        lambda: client.batches.retrieve(batch_id).status == "completed",
+        timeout,
+        0.5,
+        f"batch {batch_id} completed",
+    )
+    return client.batches.retrieve(batch_id)
+
+
 def _submit(client: openai.OpenAI, data: bytes) -> Any:
     upload = client.files.create(file=("in.jsonl", data), purpose="batch")
     return client.batches.create(
@@ -63,22 +74,12 @@ def test_a_throttled_tenant_does_not_stall_another_tenants_batch(
         batch = _submit(other, _jsonl(4, "other"))
         stack.start_worker()
         started = time.monotonic()
-        eventually(
-            lambda: other.batches.retrieve(batch.id).status == "completed",
-            60,
-            0.5,
-            "the other tenant's batch completed",
-        )
+        _completed(other, batch.id, 60)
         assert time.monotonic() - started < 60
         done = other.batches.retrieve(batch.id)
         assert done.request_counts.completed == 4
         # The throttled batch ends too, every line answered once: its 429s in the errors.
-        eventually(
-            lambda: throttled.batches.retrieve(slow_batch.id).status == "completed",
-            60,
-            1.0,
-            "the throttled batch completed",
-        )
+        _completed(throttled, slow_batch.id, 60)
         slow = throttled.batches.retrieve(slow_batch.id)
         counts = slow.request_counts
         assert counts.total == 12 and counts.completed + counts.failed == 12
@@ -120,12 +121,7 @@ def test_a_keys_concurrency_limit_is_waited_out_not_answered(
         client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key=keys.secrets["narrow"])
         batch = _submit(client, _jsonl(8, "narrow"))
         stack.start_worker()
-        eventually(
-            lambda: client.batches.retrieve(batch.id).status == "completed",
-            90,
-            0.5,
-            "the batch completed",
-        )
+        _completed(client, batch.id, 90)
         assert client.batches.retrieve(batch.id).request_counts.completed == 8
 
 
@@ -191,12 +187,7 @@ def test_a_batch_whose_input_file_was_deleted_still_answers_every_line(
         batch = _submit(client, _jsonl(5, "gone"))
         client.files.delete(batch.input_file_id)
         stack.start_worker()
-        eventually(
-            lambda: client.batches.retrieve(batch.id).status == "completed",
-            60,
-            0.5,
-            "the batch completed",
-        )
+        _completed(client, batch.id, 60)
         done = client.batches.retrieve(batch.id)
         assert (done.request_counts.total, done.request_counts.failed) == (5, 5)
         assert done.error_file_id is not None
@@ -215,12 +206,7 @@ def test_a_finished_batchs_answers_live_in_its_files_alone(
         client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
         batch = _submit(client, _jsonl(5, "kept"))
         stack.start_worker()
-        eventually(
-            lambda: client.batches.retrieve(batch.id).status == "completed",
-            60,
-            0.5,
-            "the batch completed",
-        )
+        _completed(client, batch.id, 60)
         done = client.batches.retrieve(batch.id)
         assert done.request_counts.completed == 5 and done.output_file_id is not None
         store = JobStore(stack.settings.jobs.storage)
