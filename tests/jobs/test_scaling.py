@@ -199,11 +199,21 @@ def test_a_worker_frozen_past_its_lease_is_taken_over_and_writes_nothing(
         os.kill(holder, signal.SIGCONT)  # its command ended meanwhile: it would write now
         final = stack.wait(job["id"], lambda j: j["status"] in TERMINAL, timeout=90)
         assert final["run"] == 2 and final["result"]["passed"] is True
+        # The terminal event follows the terminal record (one more storage write): read the
+        # events once it is there. The CI of 58e05b4, on a loaded machine, read them in
+        # between and found no terminal event.
+        ended = f"job.{final['status']}"
+        eventually(
+            lambda: any(e["type"] == ended for e in store.events(job["id"], 0)),
+            30,
+            0.2,
+            "the terminal event written",
+        )
         events = store.events(job["id"], 0)
         assert [e.get("run") for e in events if e["type"] == "job.in_progress"] == [1, 2]
         # Run 1 wrote nothing after it was taken over: its step never landed, only run 2's.
         assert len([e for e in events if e["type"] == "job.step"]) == 1
-        assert len([e for e in events if e["type"] == f"job.{final['status']}"]) == 1
+        assert len([e for e in events if e["type"] == ended]) == 1
         assert len(events) > before
         trajectory = store.read_artifact(job["id"], "trajectory")
         assert trajectory is not None and b"task.sh" in trajectory
