@@ -94,7 +94,7 @@ class RoutingSettings(_Section):
     # Affinity holds while the preferred endpoint's load is within this many requests of the
     # least loaded one: past that the prefix cache is worth less than the queueing it causes.
     affinity_load_slack: float = Field(4.0, ge=0)
-    # The key of each tenant's vLLM cache_salt (tiergate.gateway.openai.cachesalt says why):
+    # The key of each tenant's vLLM cache_salt (tiergate.gateway.access.cachesalt says why):
     # the same on every replica keeps a tenant's prefix-cache hits across them; unset, each
     # process draws its own. The chart sets it from the engines' key. Never logged.
     cache_salt_secret: str | None = Field(None, min_length=1, repr=False)

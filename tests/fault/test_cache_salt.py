@@ -1,6 +1,6 @@
 """Tenants cannot time each other's prompts through the engines' prefix cache: every
 generation request reaches vLLM with its tenant's own ``cache_salt``, whatever the caller
-sent (tiergate.gateway.openai.cachesalt). A real gateway over fake vLLM servers that
+sent (tiergate.gateway.access.cachesalt). A real gateway over fake vLLM servers that
 record the bodies they are sent."""
 
 from __future__ import annotations

@@ -33,12 +33,12 @@ from starlette.responses import Response
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.jsonlines import LineTooLong, bounded_lines, too_long_message
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
 from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
 from tiergate.gateway.openai.routes import ROUTES
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.lines.finalize import Finalizer, public
+from tiergate.jobs.lines.reading import LineTooLong, bounded_lines, too_long_message
 from tiergate.jobs.lines.store import LineBatchStore, chunk_message, new_batch_id
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobsettings import BatchApiSettings
@@ -91,7 +91,7 @@ class LineRules:
     chars_per_token: float
     max_output: int
     tokens_per_minute: int | None = None
-    # gateway.max_body_bytes: a longer line could never be sent (jsonlines.py).
+    # gateway.max_body_bytes: a longer line could never be sent (tiergate.jobs.lines.reading).
     max_line_bytes: int = 4 * 1024 * 1024
 
 

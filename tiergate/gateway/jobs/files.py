@@ -33,8 +33,8 @@ from starlette.types import Message, Receive, Scope, Send
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.jsonlines import LineTooLong, bounded_lines, too_long_message
 from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
+from tiergate.jobs.lines.reading import LineTooLong, bounded_lines, too_long_message
 from tiergate.jobs.state.files import FileStore, new_file_id
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol.base import list_page
@@ -154,7 +154,7 @@ class FilesAPI:
         max_line_bytes: int,
     ) -> None:
         self._jobs = jobs
-        # gateway.max_body_bytes: a longer line could never be sent (jsonlines.py).
+        # gateway.max_body_bytes: a longer line could never be sent (tiergate.jobs.lines.reading).
         self._max_line_bytes = max_line_bytes
         self._settings = jobs.files
         self._files = files

@@ -14,12 +14,12 @@ from starlette.responses import Response
 
 from tiergate.backends.pool import TierPool
 from tiergate.gateway.access.auth import ON_BEHALF_OF
+from tiergate.gateway.access.cachesalt import CacheSalts
 from tiergate.gateway.access.gatekeeper import Gatekeeper, Lease
 from tiergate.gateway.errors import OpenAIError, from_upstream
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.openai.assemble import Assembled, read_assembled
-from tiergate.gateway.openai.cachesalt import CacheSalts
 from tiergate.gateway.openai.clientwatch import ClientGone, DisconnectWatch
 from tiergate.gateway.openai.relay import BodyRelay, RelayResponse
 from tiergate.gateway.openai.requestids import (

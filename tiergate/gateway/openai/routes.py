@@ -112,7 +112,7 @@ class Route:
 
     @property
     def salted(self) -> bool:
-        """Its requests carry the tenant's ``cache_salt`` (tiergate.gateway.openai.cachesalt):
+        """Its requests carry the tenant's ``cache_salt`` (tiergate.gateway.access.cachesalt):
         every route that runs the model, since a pooling engine may cache prefixes too
         (vLLM takes the field on both kinds, and ignores a field a request does not
         model)."""

@@ -45,7 +45,7 @@ class InspectedRequest:
     # Non-streamed, but asked of the engine as a stream and assembled by the gateway
     # (tiergate.gateway.openai.assemble), so that time-outs measure liveness, not length.
     assembled: bool = False
-    # The tenant's vLLM cache_salt on a generation route (tiergate.gateway.openai.cachesalt).
+    # The tenant's vLLM cache_salt on a generation route (tiergate.gateway.access.cachesalt).
     cache_salt: str | None = None
 
     @property
