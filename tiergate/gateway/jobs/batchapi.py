@@ -254,7 +254,8 @@ class BatchAPI:
         # The create's check spools the input file to the temporary directory: it holds
         # one of the slots every spooled transfer shares (SpoolSlots), as a download does.
         self._slots = slots
-        self._finalizer = Finalizer(lines, files, settings)
+        # Finalization writes whole output files there too: under one of those slots.
+        self._finalizer = Finalizer(lines, files, settings, room=slots.room)
         # This replica's creates under way, per key: the caps hold under parallel creates.
         self._reservations = Reservations()
 

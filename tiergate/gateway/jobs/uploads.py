@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -123,9 +123,30 @@ class SpoolSlots:
         self._settings = settings
         self._active = 0
         self._by_owner: dict[str, int] = {}
+        # Taken on the event loop and, by batch finalization (room), in the storage threads.
+        self._lock = threading.Lock()
 
     def take(self, owner: str, headers: dict[str, str], doing: str = "sending") -> None:
         """One slot for ``owner`` (``doing``: what the refusal says the key is doing)."""
+        with self._lock:
+            self._take(owner, headers, doing)
+
+    @contextlib.contextmanager
+    def room(self, owner: str) -> Iterator[bool]:
+        """A slot for ``owner`` while the block runs, if one is free: True then, False
+        (nothing held) when the replica or the key is at its limit. Batch finalization
+        writes its files under it (tiergate.jobs.lines.finalize)."""
+        try:
+            self.take(owner, {}, doing="finalizing")
+        except OpenAIError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.release(owner)
+
+    def _take(self, owner: str, headers: dict[str, str], doing: str) -> None:
         s = self._settings
         if self._active >= s.max_concurrent_uploads:
             raise OpenAIError(
@@ -151,10 +172,11 @@ class SpoolSlots:
         self._by_owner[owner] = own + 1
 
     def release(self, owner: str) -> None:
-        self._active -= 1
-        self._by_owner[owner] -= 1
-        if not self._by_owner[owner]:
-            del self._by_owner[owner]
+        with self._lock:
+            self._active -= 1
+            self._by_owner[owner] -= 1
+            if not self._by_owner[owner]:
+                del self._by_owner[owner]
 
 
 class Uploads:

@@ -9,13 +9,23 @@ chunks it will use (the first writer's snapshot is the one every finalizer uses)
 files, written under ids derived from the batch's (the same however many finalizers write
 them), then the final status. Lines are written in input order. The chunks' answers are
 then removed: the files are the one copy, and deleting them deletes the answers.
+
+The files are assembled in the temporary directory first (whole outputs, up to a batch's
+lines times their answers): a gateway replica gives its finalizer a ``room`` that holds one
+of the slots its spooled transfers share (tiergate.gateway.jobs.uploads.SpoolSlots), so
+that its ``/tmp`` stays within the bound the chart sizes it by however many batches end at
+once. Without a slot the batch stays ``finalizing`` for this read; the next read, or the
+sweep, finishes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +66,28 @@ def _tally(batch: dict[str, Any], progress: dict[int, ChunkCounts]) -> None:
     }
 
 
+# Room in the temporary directory for one owner's files: entered, it says whether there is.
+Room = Callable[[str], AbstractContextManager[bool]]
+
+
+@contextlib.contextmanager
+def always_room(owner: str) -> Iterator[bool]:
+    """The room of a process whose temporary directory no one else shares (the sweep)."""
+    yield True
+
+
 class Finalizer:
-    def __init__(self, lines: LineBatchStore, files: FileStore, settings: BatchApiSettings) -> None:
+    def __init__(
+        self,
+        lines: LineBatchStore,
+        files: FileStore,
+        settings: BatchApiSettings,
+        room: Room = always_room,
+    ) -> None:
         self._lines = lines
         self._files = files
         self._settings = settings
+        self._room = room
 
     def current(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """The batch as it stands now, finalized first if its time has come (storage
@@ -108,6 +135,14 @@ class Finalizer:
         return self._finish(owner, got[0], got[1], now)
 
     def _finish(
+        self, owner: str, batch: dict[str, Any], etag: str, now: float
+    ) -> dict[str, Any] | None:
+        with self._room(owner) as room:
+            if not room:
+                return batch  # finalizing still: a later read, or the sweep, finishes it
+            return self._write_files(owner, batch, etag, now)
+
+    def _write_files(
         self, owner: str, batch: dict[str, Any], etag: str, now: float
     ) -> dict[str, Any] | None:
         final = batch["_final"]
