@@ -10,6 +10,7 @@ from typing import Any
 import uvicorn
 
 from tests.waiting import eventually
+from tiergate.fitting import Fitting
 from tiergate.gateway.app import create_app
 from tiergate.gateway.serving import uvicorn_options
 from tiergate.measure.ports import free_port as free_port
@@ -45,11 +46,14 @@ def gateway_settings(standard: list[str], fast: list[str], **overrides: Any) -> 
 
 
 @contextmanager
-def running_gateway(settings: Settings, port: int | None = None) -> Iterator[str]:
-    """Serve the gateway on a (free) loopback port for the duration of the block."""
+def running_gateway(
+    settings: Settings, port: int | None = None, fitting: Fitting | None = None
+) -> Iterator[str]:
+    """Serve the gateway on a (free) loopback port for the duration of the block
+    (``fitting``: a fast tier that joins later, as the local stack's does)."""
     port = port or free_port()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, fitting),
         host="127.0.0.1",
         port=port,
         lifespan="on",

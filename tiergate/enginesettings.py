@@ -168,6 +168,11 @@ class TuningSettings(_Section):
             raise ValueError("tuning.decision_file: not set (a tuning outside the settings tree)")
         return Path(self.decision_file)
 
+    def progress_path(self) -> Path:
+        """Where a tuning under way says how far it is (beside the decision), for the
+        gateway's ``GET /v1/tiers`` while the local stack fits the fast tier."""
+        return self.decision_path().with_name("tuning-progress.json")
+
 
 class TierProfile(_Section):
     """What one tier's vLLM server runs: the model, its serving arguments, speculation.

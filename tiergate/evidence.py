@@ -77,6 +77,14 @@ class TierDecision(BaseModel):
     reason: str
     speedup: dict[str, float] = Field(default_factory=dict)
     candidates: list[CandidateResult] = Field(default_factory=list)
+    # Where the tuning's seconds went: building checkpoints, starting candidate engines,
+    # timing them, judging parity, measuring the choice as served (they overlap with
+    # nothing; the rest of ``seconds`` is the screening's own standard engine and the
+    # tuner's bookkeeping).
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+    # Timed rounds run again because a user's request shared the serving engines
+    # (tiergate.measure.quiet: the local stack tunes while it serves).
+    rounds_measured_again: int = 0
 
     @property
     def recipe_name(self) -> str:

@@ -113,6 +113,11 @@ class FakeVllm:
             f'vllm:num_requests_waiting{{model_name="{self.model}"}} {b.waiting}\n'
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
             f'vllm:kv_cache_usage_perc{{model_name="{self.model}"}} 0.0\n'
+            # Counted at arrival (vLLM counts at the end): what the tuner's quiet windows
+            # read (tiergate.measure.quiet) adds running ones anyway.
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{finished_reason="stop",model_name="{self.model}"}} '
+            f"{len(self.record.bodies)}\n"
         )
         return web.Response(text=text)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tiergate.fastfit import shared_pools
 from tiergate.settings import Settings, load_settings
-from tiergate.stack import shared_pools
 from tiergate.tiers import Tier
 from tiergate.tuning import layout as layouts
 

@@ -215,7 +215,7 @@ def test_a_budget_too_small_for_any_candidate_falls_back_and_says_why(tmp_path: 
 def test_the_engines_serve_both_tiers_only_when_the_fast_tier_runs_the_standard_one(
     tmp_path: Path,
 ) -> None:
-    from tiergate.stack import shared_pools
+    from tiergate.fastfit import shared_pools
 
     settings = _settings(tmp_path)
     urls = {Tier.STANDARD: "http://127.0.0.1:8101", Tier.FAST: "http://127.0.0.1:8102"}

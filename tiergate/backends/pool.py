@@ -129,6 +129,34 @@ class TierPool:
             cards.update(ep.models)
         return cards
 
+    async def set_endpoints(self, urls: list[str]) -> None:
+        """Serve the static endpoints ``urls`` from now on (the local stack's fast tier
+        joining, tiergate.fitting): each new one is health-checked (and its models and
+        routes read) before it can be chosen; static ones no longer listed are dropped
+        (a request in flight keeps the endpoint it holds). DNS-discovered and long-context
+        members stay as they are."""
+        fresh = [
+            Endpoint(
+                url=url,
+                tier=self.tier,
+                eject_after_failures=self._health.eject_after_failures,
+                cooldown_seconds=self._health.cooldown_seconds,
+                from_discovery=False,
+            )
+            for url in dict.fromkeys(urls)
+            if url not in self.endpoints
+        ]
+        await asyncio.gather(*(self.check(ep) for ep in fresh))
+        for ep in fresh:
+            self.endpoints[ep.url] = ep
+        kept = set(urls) | self.long_context
+        for url in [
+            u for u, ep in self.endpoints.items() if not ep.from_discovery and u not in kept
+        ]:
+            del self.endpoints[url]
+            self.router.affinity.forget(url)
+        self._refresh_model_names()
+
     # -- discovery ---------------------------------------------------------------------------
 
     async def refresh_dns(self) -> None:

@@ -4,6 +4,7 @@ the gateway, the engines and the workers (registered on the root app in __init__
 from __future__ import annotations
 
 import os
+import signal
 from typing import Annotated
 
 import typer
@@ -118,6 +119,12 @@ def tune(
 
     def say(message: str) -> None:
         typer.echo(f"[tiergate tune] {message}", err=True)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the candidate engines are stopped on the way out
+
+    # SIGTERM is how `tiergate up` stops a tuning it runs beside its gateway (fastfit.py).
+    signal.signal(signal.SIGTERM, interrupted)
 
     if force:
         decision = Tuner(settings, say).run(standard_url)

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiergate import __version__
 from tiergate.backends.pool import TierPool
+from tiergate.fitting import Fitting
 from tiergate.gateway import openapi
 from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.collector import AdmissionCollector
@@ -112,6 +113,26 @@ async def _tick(admission: Admission, every: float) -> None:
         admission.tick()
 
 
+async def _watch_fitting(
+    fitting: Fitting, pools: dict[Tier, TierPool], admission: Admission, every: float = 0.5
+) -> None:
+    """Take the local stack's fast tier in once it is proven (tiergate.fitting): the pools
+    first (new engines checked before they can be chosen), then the policy's switch."""
+    # Polled: the join is made in the stack's fitting thread, which an asyncio.Event of
+    # this loop would not hear safely; half a second is nothing beside minutes of fitting.
+    while (joined := fitting.take_join()) is None:  # noqa: ASYNC110
+        await asyncio.sleep(every)
+    for tier, urls in joined.endpoints.items():
+        await pools[tier].set_endpoints(urls)
+    if joined.shared_engines:
+        admission.share_patient_lane()
+    fitting.mark_joined(joined)
+    log.info(
+        "the fast tier joined",
+        extra={"fields": {tier.value: list(pool.endpoints) for tier, pool in pools.items()}},
+    )
+
+
 async def _completion_endpoint(
     state: GatewayState, scope: Scope, receive: Receive, send: Send
 ) -> None:
@@ -146,8 +167,10 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the gateway for a settings tree; nothing starts until the app's lifespan."""
+def create_app(settings: Settings, fitting: Fitting | None = None) -> FastAPI:
+    """Build the gateway for a settings tree; nothing starts until the app's lifespan.
+    ``fitting``: the local stack's fast tier, fitted while this gateway serves (it joins
+    when proven; until then the standard tier serves its requests)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -171,6 +194,7 @@ def create_app(settings: Settings) -> FastAPI:
             shared_engines=bool(listed[0]) and listed[0] == listed[1],
             engine_modes=settings.gateway.engine_modes,
             engine_count=len(listed[0] | listed[1]),
+            fitting=fitting,
         )
         metrics.registry.register(TierEvidenceCollector(evidence))
         gatekeeper = Gatekeeper(
@@ -180,6 +204,7 @@ def create_app(settings: Settings) -> FastAPI:
             metrics,
             lambda tier, path: pools[tier].serves_route(path),
             ServedModels(pools),
+            fitting.unready_reason if fitting is not None else None,
         )
         access_log = AccessLog(sys.stderr.buffer) if settings.gateway.log_requests else None
         upstream = UpstreamClient(keepalive_seconds=UPSTREAM_KEEPALIVE_SECONDS)
@@ -197,6 +222,11 @@ def create_app(settings: Settings) -> FastAPI:
         for pool in pools.values():
             await pool.start()
         ticking = asyncio.create_task(_tick(admission, settings.admission.patient.adjust_seconds))
+        joining = (
+            asyncio.create_task(_watch_fitting(fitting, pools, admission))
+            if fitting is not None
+            else None
+        )
         if isinstance(app, GatewayApp):
             app.hot_path = _hot_path(state, settings.gateway.body_read_timeout_seconds)
         # What start-up built (settings, the OpenAPI models, the pools) lives as long as the
@@ -229,6 +259,8 @@ def create_app(settings: Settings) -> FastAPI:
             if listener is not None:
                 await listener.stop()
             ticking.cancel()
+            if joining is not None:
+                joining.cancel()
             for pool in pools.values():
                 await pool.stop()
             upstream.close()

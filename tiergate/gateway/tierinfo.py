@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tiergate.evidence import TierDecision
+from tiergate.fitting import Fitting
 from tiergate.tiers import DEFAULT_URGENCY, FLEX_URGENCY, JOB_URGENCY, PRIORITY_URGENCY, Tier
 
 
@@ -25,8 +26,12 @@ class TierEvidence:
         shared_engines: bool = False,
         engine_modes: Mapping[Tier, str] | None = None,
         engine_count: int = 2,
+        fitting: Fitting | None = None,
     ) -> None:
         self._path = Path(path) if path else None
+        # The local stack's fast tier while it is fitted beside the serving gateway: no
+        # decision is shown until it has joined (a stored one may be another machine's).
+        self._fitting = fitting
         self._engine_priorities = engine_priorities
         # Both tiers' pools list the same engines (tuning.share_engines_when_equal).
         self._shared = shared_engines
@@ -36,7 +41,7 @@ class TierEvidence:
         self._decision: TierDecision | None = None
 
     def decision(self) -> TierDecision | None:
-        if self._path is None:
+        if self._path is None or (self._fitting is not None and self._fitting.joined is None):
             return None
         try:
             stat = os.stat(self._path)
@@ -61,17 +66,33 @@ class TierEvidence:
             "service_tier": Tier.FAST.openai_name,
         }
         scheduling = self.scheduling()
+        shared, count, modes = self._shared, self._engine_count, self._modes
+        joined = self._fitting.joined if self._fitting is not None else None
+        if joined is not None:
+            shared, count = joined.shared_engines, joined.engine_count
+            modes = {**modes, **joined.engine_modes}
         engines = (
             "its own"
-            if not self._shared
+            if not shared
             else "one engine, shared by both tiers"
-            if self._engine_count == 1
+            if count == 1
             else "shared by both tiers"
         )
         standard["engines"] = fast["engines"] = engines
         for tier, body in ((Tier.STANDARD, standard), (Tier.FAST, fast)):
-            if tier in self._modes:
-                body["engine_mode"] = self._modes[tier]
+            if tier in modes:
+                body["engine_mode"] = modes[tier]
+        if self._fitting is not None and joined is None:
+            fast.pop("engine_mode", None)
+            fast["engines"] = "none yet: the standard tier serves its requests meanwhile"
+            fast["runs"] = "not yet: being fitted to this machine"
+            fast["fitting"] = self._fitting.describe()
+            return {
+                "object": "list",
+                "data": [standard, fast],
+                "decision": None,
+                "scheduling": scheduling,
+            }
         if decision is None:
             fast["runs"] = "as configured (no tuner decision is published by this gateway)"
             return {

@@ -51,6 +51,20 @@ def render_decision(d: TierDecision) -> str:
             else "."
         ),
         "",
+        (
+            "Time: "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in d.phase_seconds.items())
+            + (
+                f"; {d.rounds_measured_again} timed round(s) measured again because users' "
+                "requests shared them"
+                if d.rounds_measured_again
+                else ""
+            )
+            + "."
+            if d.phase_seconds
+            else ""
+        ),
+        "",
         f"| candidate | status | speedup at concurrency {' / '.join(levels)} "
         "| TPOT ms (standard -> candidate) | acceptance | parity |",
         "|---|---|---|---|---|---|",

@@ -25,6 +25,7 @@ from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.enginesettings import Recipe
 from tiergate.evidence import CandidateResult
 from tiergate.measure.ports import free_ports
+from tiergate.measure.quiet import QuietWatch
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 from tiergate.tuning.decide import Choice
@@ -72,12 +73,18 @@ class AsServed:
     """Measures chosen recipes again in the serving mode (``settings``' own)."""
 
     def __init__(
-        self, settings: Settings, standard_url: str | None, logs: Path, progress: Progress
+        self,
+        settings: Settings,
+        standard_url: str | None,
+        logs: Path,
+        progress: Progress,
+        quiet: QuietWatch | None = None,
     ) -> None:
         self.settings = settings
         self.standard_url = standard_url
         self.logs = logs
         self.progress = progress
+        self.quiet = quiet
 
     def confirm(
         self, results: list[CandidateResult], choose: Callable[[list[CandidateResult]], Choice]
@@ -134,6 +141,7 @@ class AsServed:
                     t.max_tokens,
                     t.rounds,
                     self.progress,
+                    self.quiet,
                 )
         except (EngineFailed, RuntimeError, OSError, httpx.HTTPError) as exc:
             self.progress(f"  {recipe.name} as served: {exc}")

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tiergate.measure.quiet import QuietWatch
 from tiergate.measure.stream import Sample, run_level
 
 Progress = Callable[[str], None]
@@ -49,7 +50,10 @@ def measure_speed(
     max_tokens: int,
     rounds: int = 2,
     progress: Progress = print,
+    quiet: QuietWatch | None = None,
 ) -> SpeedFigures:
+    """``quiet``: run each timed round in a quiet window of the serving engines it watches,
+    again when a user's request shared it (tiergate.measure.quiet)."""
     figures = SpeedFigures()
     engines = (("standard", standard_url), ("candidate", candidate_url))
     for level in levels:
@@ -57,12 +61,17 @@ def measure_speed(
         collected: dict[str, list[Sample]] = {"standard": [], "candidate": []}
         for round_ in range(rounds):
             for name, url in engines if round_ % 2 == 0 else engines[::-1]:
-                samples, _ = asyncio.run(
-                    run_level(
-                        f"{url}/v1/chat/completions", model, None, level, per_round, max_tokens
-                    )
+
+                def one_round(
+                    url: str = url, level: int = level, n: int = per_round
+                ) -> list[Sample]:
+                    chat = f"{url}/v1/chat/completions"
+                    samples, _ = asyncio.run(run_level(chat, model, None, level, n, max_tokens))
+                    return samples
+
+                collected[name] += (
+                    one_round() if quiet is None else quiet.run(one_round, {url: per_round})
                 )
-                collected[name] += samples
         level_key = str(level)
         figures.standard_tpot_ms[level_key] = median_tpot_ms(collected["standard"])
         figures.candidate_tpot_ms[level_key] = median_tpot_ms(collected["candidate"])

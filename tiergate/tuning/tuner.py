@@ -11,9 +11,10 @@ out is listed as such, and a reuse (same fingerprint, same inputs) costs a file 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from tiergate.engine.kernels import (
 from tiergate.engine.process import Engine, EngineFailed, launched
 from tiergate.enginesettings import Recipe, TierProfile
 from tiergate.evidence import CandidateResult, ParitySummary, TierDecision
+from tiergate.fitting import write_progress
 from tiergate.measure.fingerprint import digest, hardware_fingerprint
 from tiergate.measure.ports import free_ports
+from tiergate.measure.quiet import QuietWatch
 from tiergate.quant.parity import (
     Endpoint,
     ParityThresholds,
@@ -118,6 +121,20 @@ class Tuner:
         self._measure_seconds = _MEASURE_ESTIMATE_SECONDS
         self._parity_seconds = _PARITY_ESTIMATE_SECONDS
         self._measured_once = self._judged_once = False
+        # Where the tuning's time went (build, start, speed, parity, as served), in the
+        # decision and its report; and the serving engines' quiet windows when it runs
+        # beside them (a standard_url given: the local stack serving while it tunes).
+        self.phase_seconds: dict[str, float] = {}
+        self.quiet: QuietWatch | None = None
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            spent = time.monotonic() - started
+            self.phase_seconds[name] = round(self.phase_seconds.get(name, 0.0) + spent, 1)
 
     def _left(self) -> float:
         return self.tuning.budget() - (time.monotonic() - self._started)
@@ -127,6 +144,8 @@ class Tuner:
         measure the choice again as served when the screening mode differs, write the
         decision. ``standard_url``: a running standard engine of the serving mode."""
         self._started = started = time.monotonic()
+        self.phase_seconds = {}
+        self.quiet = QuietWatch([standard_url], self.progress) if standard_url else None
         fingerprint = hardware_fingerprint(self.settings.gpu_name)
         screen = screening_settings(self.settings)
         self.progress(
@@ -139,9 +158,11 @@ class Tuner:
         results: list[CandidateResult] = []
         reuse = standard_url if screen is self.settings else None
         kernels = self._kernels()
+        self._report_progress(0, results)
         with ExitStack() as stack:
             standard: Engine | None = None  # started for the first candidate that runs
             for index, recipe in enumerate(self.tuning.candidates, 1):
+                self._report_progress(index, results)
                 unrunnable = missing_kernel(recipe.quantize, kernels) or missing_drafter(
                     recipe.speculative
                 )
@@ -167,13 +188,56 @@ class Tuner:
                 self.progress(f"[{index}/{len(self.tuning.candidates)}] {recipe.name}")
                 results.append(self._candidate(recipe, standard, results, logs, screen))
         if screen is not self.settings:
-            results = self._confirm(results, standard_url, logs, screen)
+            self._report_progress(len(self.tuning.candidates) + 1, results)
+            with self._phase("as served"):
+                results = self._confirm(results, standard_url, logs, screen)
         decision = self._decide(results, fingerprint, time.monotonic() - started)
+        self._report_progress(len(self.tuning.candidates) + 2, results)
         path = self.tuning.decision_path()
         decision.save(path)
         path.with_suffix(".md").write_text(render_decision(decision))
         self.progress(f"decision: {decision.recipe_name} ({decision.verdict}): {decision.reason}")
         return decision
+
+    def _report_progress(self, step: int, results: list[CandidateResult]) -> None:
+        """The progress file (tiergate.fitting): candidate ``step`` of n under way (past n:
+        the choice measured as served, then decided), the figures so far, and an estimate
+        of what is left from the longest candidate and judgement seen yet."""
+        total = len(self.tuning.candidates)
+        confirming = step == total + 1
+        left = max(0, total - step + (0 if step == 0 else 1)) * self._measure_seconds
+        if step <= total + 1:
+            left += self._parity_seconds + (0 if confirming else self._measure_seconds)
+        else:
+            left = 0.0
+        current = (
+            self.tuning.candidates[step - 1].name
+            if 1 <= step <= total
+            else "the choice, measured as served"
+            if confirming
+            else "decided"
+            if step > total
+            else "starting"
+        )
+        body = {
+            "candidate": min(step, total),
+            "of": total,
+            "doing": current,
+            "elapsed_seconds": round(time.monotonic() - self._started, 1),
+            "estimated_seconds_left": round(min(left, max(0.0, self._left())), 0),
+            "results": [
+                {
+                    "recipe": r.recipe.name,
+                    "status": r.status,
+                    "speedup": r.speedup,
+                    "parity_passed": None if r.parity is None else r.parity.passed,
+                }
+                for r in results
+            ],
+        }
+        # Progress is shown, not needed: a tuning that cannot write it goes on.
+        with contextlib.suppress(OSError, ValueError):
+            write_progress(self.tuning.progress_path(), body)
 
     def _confirm(
         self, results: list[CandidateResult], standard_url: str | None, logs: Path, screen: Settings
@@ -182,7 +246,7 @@ class Tuner:
         candidate left unjudged only because the fallen recipe was ahead of it is judged
         now (eager, as screened) and the choice made again, until none is left that could
         change it."""
-        served = AsServed(self.settings, standard_url, logs, self.progress)
+        served = AsServed(self.settings, standard_url, logs, self.progress, self.quiet)
         while True:
             results = served.confirm(results, self._choose)
             t = self.tuning
@@ -245,7 +309,8 @@ class Tuner:
         t0 = time.monotonic()
         try:
             profile = recipe_profile(fast, recipe, self.settings.profiles[Tier.STANDARD].model)
-            prepare_profile_model(profile, self.settings)
+            with self._phase("build"):
+                prepare_profile_model(profile, self.settings)
         except (SystemExit, OSError, RuntimeError) as exc:
             return CandidateResult(recipe=recipe, status="error", note=f"build failed: {exc}")
         profile = profile.model_copy(update={"port": free_ports()[0]})
@@ -273,16 +338,21 @@ class Tuner:
         launched_at: float,
     ) -> CandidateResult:
         before = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
-        speed = measure_speed(
-            standard.url,
-            engine.url,
-            engine.model,
-            self.tuning.levels,
-            self.tuning.requests_per_level,
-            self.tuning.max_tokens,
-            self.tuning.rounds,
-            self.progress,
+        self.phase_seconds["start"] = round(
+            self.phase_seconds.get("start", 0.0) + time.monotonic() - launched_at, 1
         )
+        with self._phase("speed"):
+            speed = measure_speed(
+                standard.url,
+                engine.url,
+                engine.model,
+                self.tuning.levels,
+                self.tuning.requests_per_level,
+                self.tuning.max_tokens,
+                self.tuning.rounds,
+                self.progress,
+                self.quiet,
+            )
         after = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
         self._note_measure(time.monotonic() - launched_at)
         result = CandidateResult(
@@ -327,13 +397,14 @@ class Tuner:
         ``standard``, its report written beside the decision (and the checkpoint)."""
         self.progress(f"  {recipe.name}: judging parity")
         judged_at = time.monotonic()
-        report = evaluate(
-            Endpoint(standard.url, standard.model),
-            Endpoint(engine.url, engine.model),
-            self.thresholds,
-            progress=lambda m: self.progress(f"  parity: {m}"),
-            tasks=task_subset(self.tuning.parity_max_tasks),
-        )
+        with self._phase("parity"):
+            report = evaluate(
+                Endpoint(standard.url, standard.model),
+                Endpoint(engine.url, engine.model),
+                self.thresholds,
+                progress=lambda m: self.progress(f"  parity: {m}"),
+                tasks=task_subset(self.tuning.parity_max_tasks),
+            )
         self._note_parity(time.monotonic() - judged_at)
         folder = self.report_dir / _slug(recipe.name)
         write_report(report, folder, f"{recipe.name} vs standard")
@@ -390,6 +461,8 @@ class Tuner:
             reason=choice.reason,
             speedup=choice.speedup,
             candidates=marked,
+            phase_seconds=dict(self.phase_seconds),
+            rounds_measured_again=self.quiet.repeated if self.quiet is not None else 0,
         )
 
 

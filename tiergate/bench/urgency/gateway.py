@@ -2,7 +2,7 @@
 and the check that the engines schedule by priority.
 
 The gateway is the local stack's when the tuner decides "equal": every engine in both
-tiers' pools (the fast tier's in the reverse order, as ``tiergate.stack.shared_pools``
+tiers' pools (the fast tier's in the reverse order, as ``tiergate.fastfit.shared_pools``
 lists them) and each upstream request carrying vLLM's ``priority``. Unlike the stack's, the
 standard tier admits only ``capacity`` requests at once, so that a backlog forms in the
 gateway's admission queue, and nothing waits long enough to time out.

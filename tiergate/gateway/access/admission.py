@@ -52,6 +52,11 @@ class Admission:
         else:
             self.patient = {tier: PatientLane(self._patient) for tier in Tier}
 
+    def share_patient_lane(self) -> None:
+        """The tiers came to share their engines (the local stack's fast tier joined as
+        the standard engines, tiergate.fitting): one patient lane for both from now on."""
+        self.patient = dict.fromkeys(Tier, self.patient[Tier.STANDARD])
+
     def lanes(self) -> list[PatientLane]:
         """Each patient lane once."""
         return list({id(lane): lane for lane in self.patient.values()}.values())

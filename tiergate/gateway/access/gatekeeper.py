@@ -12,7 +12,14 @@ from tiergate.gateway.access.gate import Ticket
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.access.patience import PatientLane
-from tiergate.gateway.access.policy import AskedTier, Needs, RouteSupport, TierChoice, TierPolicy
+from tiergate.gateway.access.policy import (
+    AskedTier,
+    FastUnready,
+    Needs,
+    RouteSupport,
+    TierChoice,
+    TierPolicy,
+)
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.protocol.openaibatch import LIMIT_HEADER
@@ -85,6 +92,7 @@ class Gatekeeper:
         metrics: GatewayMetrics,
         serves_route: RouteSupport = lambda tier, path: None,
         models: ServedModels | None = None,
+        fast_unready: FastUnready | None = None,
     ) -> None:
         self._settings = settings
         self.models = models or ServedModels({})
@@ -92,7 +100,9 @@ class Gatekeeper:
         self.limiter = limiter
         self.admission = admission
         self._metrics = metrics
-        self.policy = TierPolicy(settings.policy, admission.fast_has_headroom, serves_route)
+        self.policy = TierPolicy(
+            settings.policy, admission.fast_has_headroom, serves_route, fast_unready
+        )
 
     def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
         return self.authenticator.authenticate(authorization, on_behalf_of)

@@ -25,6 +25,11 @@ class Reason(StrEnum):
     CAPABILITY = "capability"  # the asked tier cannot serve this request; the other can
     KEY = "key"  # the key may not use the implicit tier; it may use the other
     BUSY = "busy"  # priority asked, the fast tier's admission could not take it in time
+    # The local stack opened before its fast tier was proven (tiergate.fitting): the fast
+    # tier's requests are served by the standard tier while it is fitted, or after that
+    # failed.
+    FITTING = "fitting"
+    UNFITTED = "unfitted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,12 @@ _TIERS = tuple(Tier)
 # Which routes a tier serves: None while its engines have not said (the route is then
 # assumed served, and vLLM's own answer stands).
 RouteSupport = Callable[[Tier, str], bool | None]
+# Why the fast tier cannot serve yet ("fitting", "unfitted": tiergate.fitting), or None.
+FastUnready = Callable[[], str | None]
+
+
+def _fast_ready() -> str | None:
+    return None
 
 
 class TierPolicy:
@@ -86,10 +97,12 @@ class TierPolicy:
         settings: PolicySettings,
         fast_has_headroom: Callable[[], bool],
         serves_route: RouteSupport,
+        fast_unready: FastUnready | None = None,
     ) -> None:
         self._settings = settings
         self._fast_has_headroom = fast_has_headroom
         self._serves_route = serves_route
+        self._fast_unready = fast_unready or _fast_ready
         self._order = {tier: tuple(settings.fallback_order.get(tier, ())) for tier in Tier}
         self._speculative = frozenset(settings.speculative_tiers)
 
@@ -108,6 +121,8 @@ class TierPolicy:
 
     def _default(self) -> tuple[Tier, Reason]:
         auto = self._settings.auto_tier
+        if auto == "headroom" and self._fast_unready() is not None:
+            return Tier.STANDARD, Reason.HEADROOM  # no fast tier yet: no headroom there
         if auto == "headroom":
             tier = Tier.FAST if self._fast_has_headroom() else Tier.STANDARD
             return tier, Reason.HEADROOM
@@ -149,6 +164,15 @@ class TierPolicy:
                 if not usable:
                     raise _tier_not_allowed(tier)
                 tier, reason = self._next_usable(tier, usable), Reason.KEY
+        unready = self._fast_unready() if tier is Tier.FAST else None
+        if (
+            unready is not None
+            and Tier.STANDARD in usable
+            and self._can_serve(Tier.STANDARD, needs)
+        ):
+            # Not proven yet: the standard tier serves it, as the same model, and says why.
+            # (A key that may use the fast tier alone is sent there, and its pool answers.)
+            return TierChoice(Tier.STANDARD, Reason(unready))
         if not self._can_serve(tier, needs):
             # Same capabilities is the promise, so this is a tier whose engine refuses the
             # request's sampling options (speculation) or lacks the route: another serves.
