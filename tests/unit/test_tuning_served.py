@@ -201,7 +201,9 @@ def test_a_recipe_left_unjudged_behind_one_that_fell_short_as_served_is_judged(
     screened and served at 1.34x / 0.98x, so the fast tier ran the standard configuration,
     while bf16 + ngram (1.18x / 1.17x screened, lossless) and INT8 alone were never judged:
     they had been behind the recipe that then fell short. They are judged now, the fastest
-    first, and the choice made again with their served figures."""
+    first, and the choice made again with their served figures. (0.98x is within the noise
+    band now, tiergate.tuning.decide.SLOWER_BAND; here the served figure is 0.90x, clearly
+    slower.)"""
     behind = "not faster than a recipe already proven"
     results = [
         _screened(INT8_NGRAM, 1.39, 1.07),
@@ -213,7 +215,7 @@ def test_a_recipe_left_unjudged_behind_one_that_fell_short_as_served_is_judged(
         ),
     ]
     table = {
-        INT8_NGRAM.name: {"1": 1.34, "4": 0.98},
+        INT8_NGRAM.name: {"1": 1.34, "4": 0.90},
         NGRAM.name: {"1": 1.15, "4": 1.12},
         INT8.name: {"1": 1.05, "4": 0.97},
     }
@@ -238,7 +240,7 @@ def test_a_late_judgement_that_fails_leaves_the_standard_configuration(
             recipe=INT8, status="too slow", speedup={"1": 1.14, "4": 1.17}, note=behind
         ),
     ]
-    fake = FakeAsServed(load_settings(), {INT8_NGRAM.name: {"1": 1.34, "4": 0.98}})
+    fake = FakeAsServed(load_settings(), {INT8_NGRAM.name: {"1": 1.34, "4": 0.90}})
     monkeypatch.setattr("tiergate.tuning.tuner.AsServed", lambda *a, **k: fake)
     tuner = FakeJudgingTuner({INT8.name: False})
     confirmed = tuner._confirm(results, None, Path("/nonexistent"), load_settings())
