@@ -36,6 +36,9 @@ class ParitySummary(BaseModel):
     tasks: int
     positions: int
     seconds: float
+    # The judgement stopped once its verdict was decided: after "tasks" or "scoring"
+    # (tiergate.quant.parity); the figures it did not measure read 0.
+    stopped_after: str | None = None
 
 
 class CandidateResult(BaseModel):

@@ -22,6 +22,12 @@ Evidence, written as ``parity-report.{json,md}``:
   scored by the tier that drew it. The fast tier fails when its mean negative
   log-likelihood per token is significantly higher, by more than ``max_sampled_nll_gap``.
 - Perplexity of both tiers on the held-out passages, reported (not judged).
+
+The verdict needs every check to pass, so a judgement whose outcome is decided stops there
+(issue 53): when the task comparison already fails, the teacher-forced scoring and the
+sampled answers are not run; when agreement or divergence fails, the sampled answers are
+not. The report then says where it stopped (``stopped_after``) and marks the checks it did
+not run as not measured (``None``); a pass is always the whole judgement.
 """
 
 from __future__ import annotations
@@ -279,6 +285,9 @@ def evaluate(
         }
         for task, s, f in zip(tasks, std_answers, fast_answers, strict=True)
     ]
+    if _task_low(rows, th) < -th.task_margin:
+        progress("the task comparison fails already: the other measures cannot change that")
+        return _judge(rows, [], 0, th, time.monotonic() - started, stopped_after="tasks")
     passages = [p.strip() for p in HELDOUT.read_text().split("\n\n") if p.strip()]
     # Every other answer: about 3,000 output positions, enough for bounds of +-0.01, in
     # half the time (scoring with prompt_logprobs costs about 10 ms per token on one core).
@@ -301,6 +310,10 @@ def evaluate(
         )
     ]
     figures = [f for f in figures if f.positions]
+    scored = _judge(rows, figures, len(passages), th, 0.0, stopped_after="scoring")
+    if not (scored["checks"]["next_token_agreement"] and scored["checks"]["kl_divergence"]):
+        progress("agreement or divergence fails already: sampled answers cannot change that")
+        return {**scored, "seconds": round(time.monotonic() - started, 1)}
     prompts = list(tasks[::2])
     progress(f"sampled answers (temperature 1) to {len(prompts)} prompts on both tiers")
     with ThreadPoolExecutor(concurrency) as std_pool, ThreadPoolExecutor(concurrency) as fast_pool:
@@ -310,6 +323,11 @@ def evaluate(
     return _judge(rows, figures, len(passages), th, time.monotonic() - started, sampled)
 
 
+def _task_low(rows: list[dict[str, Any]], th: ParityThresholds) -> float:
+    diffs = [(int(r["fast"]) - int(r["standard"]), 1.0) for r in rows]
+    return bootstrap_ratio(diffs, 1 - th.confidence) if rows else -1.0
+
+
 def _judge(
     rows: list[dict[str, Any]],
     figures: list[SequenceFigures],
@@ -317,9 +335,12 @@ def _judge(
     th: ParityThresholds,
     seconds: float,
     sampled: Sequence[tuple[float, float]] = (),
+    stopped_after: str | None = None,
 ) -> dict[str, Any]:
     """The verdict from the figures; ``sampled`` holds (standard, fast) mean NLL per token
-    of sampled answers to the same prompts with the same seeds."""
+    of sampled answers to the same prompts with the same seeds. ``stopped_after``: the
+    judgement stopped once decided, after the ``"tasks"`` or the ``"scoring"``; what it did
+    not measure reads 0 and its check ``None``."""
     low_q, high_q = 1 - th.confidence, th.confidence
     positions = sum(f.positions for f in figures)
     agreement = sum(f.agreements for f in figures) / max(1, positions)
@@ -333,26 +354,40 @@ def _judge(
     ppl_fast = math.exp(-sum(f.logprob_fast for f in held) / held_positions)
     score_std = sum(1 for r in rows if r["standard"])
     score_fast = sum(1 for r in rows if r["fast"])
+    scored = stopped_after != "tasks"
+    sampled_run = stopped_after is None
     figures_out = {
         "next_token_agreement": agreement,
         "agreement_low": bootstrap_ratio(agreement_pairs, low_q) if figures else 0.0,
         "kl_mean": kl_mean,
-        "kl_high": bootstrap_ratio(kl_pairs, high_q) if figures else math.inf,
+        "kl_high": bootstrap_ratio(kl_pairs, high_q) if figures else (math.inf if scored else 0.0),
         "task_difference": (score_fast - score_std) / max(1, len(rows)),
         "task_difference_low": bootstrap_ratio(diffs, low_q) if rows else -1.0,
-        "sampled_nll_gap": (sum(f - s for s, f in sampled) / len(sampled) if sampled else math.inf),
+        "sampled_nll_gap": (
+            sum(f - s for s, f in sampled) / len(sampled)
+            if sampled
+            else (math.inf if sampled_run else 0.0)
+        ),
         "sampled_nll_gap_low": (
-            bootstrap_ratio([(f - s, 1.0) for s, f in sampled], low_q) if sampled else math.inf
+            bootstrap_ratio([(f - s, 1.0) for s, f in sampled], low_q)
+            if sampled
+            else (math.inf if sampled_run else 0.0)
         ),
         "sampled_nll_gap_high": (
-            bootstrap_ratio([(f - s, 1.0) for s, f in sampled], high_q) if sampled else math.inf
+            bootstrap_ratio([(f - s, 1.0) for s, f in sampled], high_q)
+            if sampled
+            else (math.inf if sampled_run else 0.0)
         ),
     }
-    checks = {
-        "next_token_agreement": figures_out["agreement_low"] >= th.min_agreement,
-        "kl_divergence": figures_out["kl_high"] <= th.max_kl,
+    checks: dict[str, bool | None] = {
+        "next_token_agreement": figures_out["agreement_low"] >= th.min_agreement
+        if scored
+        else None,
+        "kl_divergence": figures_out["kl_high"] <= th.max_kl if scored else None,
         "tasks": figures_out["task_difference_low"] >= -th.task_margin,
-        "sampling": figures_out["sampled_nll_gap_low"] <= th.max_sampled_nll_gap,
+        "sampling": figures_out["sampled_nll_gap_low"] <= th.max_sampled_nll_gap
+        if sampled_run
+        else None,
     }
     return {
         **figures_out,
@@ -375,7 +410,8 @@ def _judge(
         ),
         "thresholds": th.model_dump(),
         "checks": checks,
-        "passed": all(checks.values()),
+        "passed": all(v is True for v in checks.values()),
+        "stopped_after": stopped_after,
         "seconds": round(seconds, 1),
     }
 
@@ -395,13 +431,17 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "passed",
         "seconds",
     )
-    return {**{k: report[k] for k in keys}, "tasks": report["tasks"]["total"]}
+    return {
+        **{k: report[k] for k in keys},
+        "tasks": report["tasks"]["total"],
+        "stopped_after": report.get("stopped_after"),
+    }
 
 
 def render(report: dict[str, Any], title: str) -> str:
     t, th, c = report["tasks"], report["thresholds"], report["checks"]
     p = report["perplexity"]
-    mark = {True: "pass", False: "FAIL"}
+    mark = {True: "pass", False: "FAIL", None: "not measured (decided before)"}
     conf = int(th["confidence"] * 100)
     lines = [
         f"# Parity: {title}",

@@ -25,6 +25,13 @@ def _parity(r: CandidateResult) -> str:
     if r.parity is None:
         return "not judged"
     p = r.parity
+    if p.stopped_after == "tasks":
+        return f"FAIL (tasks {p.task_difference:+.3f}; stopped there, {p.seconds:.0f} s)"
+    if p.stopped_after == "scoring":
+        return (
+            f"FAIL (agreement {p.next_token_agreement:.3f}, KL {p.kl_mean:.4f}, tasks "
+            f"{p.task_difference:+.3f}; stopped before sampling, {p.seconds:.0f} s)"
+        )
     return (
         f"{'pass' if p.passed else 'FAIL'} (agreement {p.next_token_agreement:.3f}, "
         f"KL {p.kl_mean:.4f}, tasks {p.task_difference:+.3f}, "
