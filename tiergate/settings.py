@@ -209,6 +209,18 @@ class KeyLimits(_Section):
     # Read units a minute for the key's owner's jobs and batches; None:
     # jobs.read_units_per_minute.
     read_units_per_minute: int | None = Field(None, ge=1)
+    # Spend budgets: prompt plus completion tokens per UTC day and month, on every route
+    # and on the key's jobs' and batches' model calls (429 insufficient_quota when spent;
+    # tiergate.gateway.access.budgets).
+    tokens_per_day: int | None = Field(None, ge=1)
+    tokens_per_month: int | None = Field(None, ge=1)
+
+
+class TeamBudget(_Section):
+    """A team's spend budget: every key with this ``owner`` together."""
+
+    tokens_per_day: int | None = Field(None, ge=1)
+    tokens_per_month: int | None = Field(None, ge=1)
 
 
 class ApiKey(_Section):
@@ -252,6 +264,9 @@ class AuthSettings(_Section):
     # that time without a restart.
     keys_file: str | None = None
     keys_reload_seconds: float = Field(5.0, gt=0)
+    # Spend budgets of teams, by the ``owner`` their keys share; each key's own budgets are
+    # in its ``limits`` (tiergate.gateway.access.budgets).
+    teams: dict[str, TeamBudget] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique(self) -> AuthSettings:

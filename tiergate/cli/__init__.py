@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from tiergate.cli import bench, env, jobs, keys, models, serving
+from tiergate.cli import bench, env, jobs, keys, models, serving, usage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command()(serving.serve)
@@ -14,6 +14,7 @@ app.command()(serving.backend)
 app.command()(serving.tune)
 app.command()(serving.worker)
 app.command()(serving.up)
+app.command()(usage.usage)
 app.add_typer(models.model_app, name="model")
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(keys.keys_app, name="keys")

@@ -265,6 +265,7 @@ def create_app(settings: Settings, fitting: Fitting | None = None) -> FastAPI:
                 await pool.stop()
             upstream.close()
             await session.close()
+            await gatekeeper.budgets.close()
             await limiter.close()
             if wiring is not None:
                 wiring.close()
@@ -375,6 +376,20 @@ def create_app(settings: Settings, fitting: Fitting | None = None) -> FastAPI:
         state = gateway_state(request)
         state.gatekeeper.authenticate(request.headers.get("authorization"))
         return _json(state.evidence.describe())
+
+    @app.get(
+        "/v1/usage",
+        tags=["tiergate"],
+        responses={200: {"description": "The caller's spend budgets and what each has left"}},
+    )
+    async def usage(request: Request) -> Response:
+        """The calling key's spend budgets and its team's (tokens per UTC day and month):
+        limit, spent, left, and when each renews. Only the caller's own; empty when none
+        is set (or keys are off)."""
+        state = gateway_state(request)
+        caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
+        budgets = await state.gatekeeper.budgets.usage(caller)
+        return _json({"object": "list", "key": caller.name, "data": budgets})
 
     return app
 

@@ -144,6 +144,14 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "tiergate_completion_tokens_total", "Output tokens", ["tier", "model"], registry=r
         )
+        # Per owner (a configured key's team, or the key itself: bounded by the keys), what
+        # its budgets count (tiergate.gateway.access.budgets): prompt plus completion.
+        self.usage_tokens = Counter(
+            "tiergate_usage_tokens_total",
+            "Tokens used (prompt plus completion, as the engine reported), per owner and tier",
+            ["owner", "tier"],
+            registry=r,
+        )
         self.retries = Counter(
             "tiergate_retries_total",
             "Upstream attempts retried on another endpoint",

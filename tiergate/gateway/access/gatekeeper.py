@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.auth import Authenticator, Caller
+from tiergate.gateway.access.budgets import Budgets, Charge
 from tiergate.gateway.access.gate import Ticket
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.access.models import ServedModels
@@ -58,6 +59,10 @@ class Lease:
     # An interactive request's patient lane, and the patient requests in flight when it
     # was admitted: its answer's TPOT and TTFT are that lane's signal (PatientLane.observe).
     lane: PatientLane | None = None
+    # What the request charged to its key's and team's spend budgets, and their book.
+    charge: Charge | None = None
+    budgets: Budgets | None = None
+    usage_counter: Any = None
     lane_at_start: int = 0
     _ended: bool = False
 
@@ -68,14 +73,25 @@ class Lease:
         if self.lane is not None and tier is self.choice.tier:
             self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start, self.caller.owner)
 
+    def refuse(self) -> None:
+        """End a request refused before it reached an engine: its budget charge is given
+        back whole (its rate-limit charges stand, as before)."""
+        if self.charge is not None and self.budgets is not None:
+            self.budgets.settle(self.charge, 0)
+        self.end()
+
     def end(self, usage: dict[str, Any] | None = None) -> None:
         if self._ended:
             return
         self._ended = True
         if self.ticket is not None:
             self.ticket.release()
+        total = usage.get("total_tokens") if usage else None
+        if self.charge is not None and self.budgets is not None:
+            self.budgets.settle(self.charge, total if isinstance(total, int) else None)
+        if self.usage_counter is not None and isinstance(total, int) and self.caller.key:
+            self.usage_counter.labels(self.caller.owner, self.choice.tier.value).inc(total)
         if self.decision is not None and self.decision.allowed:
-            total = usage.get("total_tokens") if usage else None
             correction = int(total) - self.estimate if isinstance(total, int) else 0
             self.limiter.settle(self.caller.name, correction, self.request_id, self.decision.shared)
 
@@ -103,6 +119,7 @@ class Gatekeeper:
         self.policy = TierPolicy(
             settings.policy, admission.fast_has_headroom, serves_route, fast_unready
         )
+        self.budgets = Budgets(settings.auth, limiter)
 
     def authenticate(self, authorization: str | None, on_behalf_of: str | None = None) -> Caller:
         return self.authenticator.authenticate(authorization, on_behalf_of)
@@ -155,7 +172,13 @@ class Gatekeeper:
         choice; the lease says which (``lease.choice``)."""
         estimate = self.estimate_tokens(req)
         lease = Lease(caller, self.limiter, request_id, estimate, choice)
+        lease.usage_counter = self._metrics.usage_tokens
         key = caller.key
+        # The spend budgets first: a key whose day is spent is told so, not rate limited.
+        charge = await self.budgets.charge(caller, estimate)
+        if charge is not None:
+            lease.charge, lease.budgets = charge, self.budgets
+            lease.headers = charge.headers()
         if key is not None and (
             key.limits.requests_per_minute
             or key.limits.tokens_per_minute
@@ -163,8 +186,9 @@ class Gatekeeper:
         ):
             decision = await self.limiter.admit(caller.name, key.limits, estimate, request_id)
             lease.decision = decision
-            lease.headers = decision.headers()
+            lease.headers = {**lease.headers, **decision.headers()}
             if not decision.allowed:
+                lease.refuse()
                 raise self._refused(caller, decision, lease.headers)
         rank = admission_rank(caller.priority, choice.urgency)
         # Patient: flex, and every call of an agent job (batch lines among them).
@@ -186,7 +210,7 @@ class Gatekeeper:
                     instead.tier, rank, long_prompt, patient=patient
                 )
         except OpenAIError as err:
-            lease.end()
+            lease.refuse()
             self._metrics.admission_rejected.labels(lease.choice.tier.value).inc()
             err.headers = {**lease.headers, **err.headers}
             raise

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from tiergate.settings import KeyLimits, LimitSettings
 
@@ -264,6 +265,16 @@ class Limiter:
     @property
     def configured_redis(self) -> bool:
         return self._redis is not None
+
+    @property
+    def redis_client(self) -> Any:
+        """The Redis client the limits count in (None without ``limits.redis_url``): the
+        spend budgets count there too (tiergate.gateway.access.budgets)."""
+        return self._redis
+
+    def redis_failed(self, exc: Exception) -> None:
+        """Count in this process for ``redis_retry_seconds`` (a caller's Redis failed)."""
+        self._redis_failed(exc)
 
     async def close(self) -> None:
         if self._renewing is not None:

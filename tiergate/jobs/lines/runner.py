@@ -271,9 +271,14 @@ def _lines_of(raw: bytes | None) -> list[bytes]:
 
 
 def _own_limit(resp: httpx.Response) -> bool:
-    """A 429 of the owner's own rates (requests or tokens per minute): not capacity, nor
-    its concurrency (the gateway names the limit in ``x-tiergate-limit``)."""
-    return resp.status_code == 429 and resp.headers.get(LIMIT_HEADER) in ("requests", "tokens")
+    """A 429 of the owner's own rates (requests or tokens per minute) or spent budget
+    (``insufficient_quota``): not capacity, nor its concurrency (the gateway names the
+    limit in ``x-tiergate-limit``)."""
+    return resp.status_code == 429 and resp.headers.get(LIMIT_HEADER) in (
+        "requests",
+        "tokens",
+        "budget",
+    )
 
 
 def _response(resp: httpx.Response) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import httpx
 
 from tiergate.protocol import CommandEntry, TrajectoryEntry
+from tiergate.protocol.openaibatch import LIMIT_HEADER
 from tiergate.protocol.prompts import SHELL_TOOL, TEXT_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
 from tiergate.sandbox import Sandbox
 
@@ -146,6 +147,10 @@ class ModelClient:
             fresh = self._key.get(force=True)
             if fresh != api_key:
                 resp = self._post(body, fresh)
+        if resp.status_code == 429 and resp.headers.get(LIMIT_HEADER) == "budget":
+            # The owner's spend budget is spent until its period turns (hours): the job
+            # ends saying so rather than holding a slot retrying.
+            raise ModelRefused(f"HTTP 429: {resp.text[:300]}")
         if resp.status_code in (429, 500, 502, 503, 504):
             raise ModelUnavailable(f"HTTP {resp.status_code}: {resp.text[:300]}")
         if resp.status_code != 200:
