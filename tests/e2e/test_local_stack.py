@@ -28,6 +28,7 @@ import yaml
 from tests.e2e.conftest import FAST_RECIPE, MODEL
 from tests.servers import free_port
 from tests.waiting import eventually
+from tiergate.evidence import TierDecision
 from tiergate.quant.prepare import prepare_profile_model
 from tiergate.settings import load_settings
 from tiergate.tiers import Tier
@@ -108,10 +109,10 @@ class Stack:
 
 
 def _config(model: str, ports: dict[str, int]) -> dict[str, Any]:
-    # The standard engine eager (a quick start), the fast one compiled with the session's
-    # lossless recipe, as `tuned: false` so that no tuning runs.
-    assert FAST_RECIPE.speculative is not None
-    speculative = FAST_RECIPE.speculative.model_dump(mode="json", exclude_none=True)
+    # The standard engine eager (a quick start); the fast one tuned, as make up's is, by a
+    # real tuning reduced to the session's lossless recipe, one level and ten parity tasks
+    # (minutes less than the default's), screened as served (compiled) beside the running
+    # standard engine; its own engine whatever the verdict, so that there is one to kill.
     return {
         "gateway": {"port": ports["gateway"], "metrics_port": ports["metrics"]},
         "tiers": {
@@ -125,12 +126,17 @@ def _config(model: str, ports: dict[str, int]) -> dict[str, Any]:
                 "cpu_cores": "0",
                 "enforce_eager": True,
             },
-            "fast": {
-                "model": model,
-                "port": ports["fast"],
-                "cpu_cores": "1",
-                "speculative": speculative,
-            },
+            "fast": {"model": model, "port": ports["fast"], "cpu_cores": "1", "tuned": True},
+        },
+        "tuning": {
+            "candidates": [FAST_RECIPE.model_dump(mode="json")],
+            "levels": [1],
+            "requests_per_level": 2,
+            "rounds": 1,
+            "max_tokens": 16,
+            "parity_max_tasks": 10,
+            "screen_eager": False,
+            "share_engines_when_equal": False,
         },
         "health": {"interval_seconds": 0.5, "cooldown_seconds": 2},
         "timeouts": {"first_byte_seconds": 120},
@@ -217,8 +223,18 @@ def test_make_ups_stack_restarts_what_dies_and_resumes_on_its_data(stack: Stack)
 
     eventually(joined, READY_SECONDS, 0.5, lambda: f"fast joined ({served}):\n{stack.tail()}")
     assert served[0] == ("standard", "fitting"), served
-    assert "starting" in progress, progress
+    assert "tuning" in progress and "starting" in progress, progress
+    assert progress.index("tuning") < progress.index("starting"), progress
+    # The tuning ran as its own child, beside the serving gateway, and decided.
+    assert _said(stack, "[tiergate tune] decision:")()
     assert _said(stack, "the fast tier joins the gateway")()
+    cache = Path(stack.env["TIERGATE_CACHE_DIR"])
+    decision = TierDecision.load(cache / "models" / "tier-decision.json")
+    assert decision is not None and decision.phase_seconds.get("speed", 0) > 0, decision
+    tiers = httpx.get(f"{base}/v1/tiers").json()  # the evidence, shown once it joined
+    assert tiers["decision"]["decided_at"] == decision.decided_at, tiers
+    shown_fast = next(t for t in tiers["data"] if t["tier"] == "fast")
+    assert shown_fast["runs"] == decision.recipe_name, shown_fast
 
     # Compiled, as make up serves: said by /v1/tiers and by the engine's own command line.
     modes = httpx.get(f"{base}/v1/tiers").json()
@@ -228,7 +244,6 @@ def test_make_ups_stack_restarts_what_dies_and_resumes_on_its_data(stack: Stack)
     fast_argv = Path(f"/proc/{fast_pid}/cmdline").read_bytes().split(b"\0")
     assert b"--enforce-eager" not in fast_argv
     # Tenants' jobs, uploads and batches, and the logs that quote them: root's alone.
-    cache = Path(stack.env["TIERGATE_CACHE_DIR"])
     for private in (cache / "pipeline", cache / "logs"):
         assert private.stat().st_mode & 0o777 == 0o700, private
     for stream in (False, True):
