@@ -220,6 +220,15 @@ class BatchApiSettings(_Section):
     max_enqueued_tokens: int = Field(100_000_000, ge=1)
     cancel_grace_seconds: float = Field(30.0, ge=0)
     completion_window_seconds: int = Field(24 * 3600, ge=1)
+    # Batches refused at create for their input (status failed, kept with the lines' errors
+    # as OpenAI does) that one key may make a day; past it the create is 429
+    # too_many_failed_batches and nothing is stored: failed batches cost storage too.
+    max_failed_batches_per_day: int = Field(100, ge=1)
+    # How long a final batch (completed, failed, expired, cancelled) is kept; older ones go
+    # when their owner next creates one (the owner's own call pays for it), at most
+    # prune_per_create at a time. Its output and error files are files, kept as files are.
+    retention_seconds: int = Field(30 * 24 * 3600, ge=3600)
+    prune_per_create: int = Field(50, ge=1)
 
 
 class JobsSettings(_Section):

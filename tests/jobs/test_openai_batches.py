@@ -129,6 +129,39 @@ def test_an_invalid_input_file_fails_the_batch_naming_its_lines(
             )
 
 
+def test_a_key_makes_a_bounded_number_of_failed_batches_a_day(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Attacker's test: a failed batch is stored (with its lines' errors, as OpenAI keeps
+    it) and counted against nothing, so one key could fill storage with them. Past
+    jobs.batch_api.max_failed_batches_per_day the create is refused and stores nothing;
+    a good batch still goes through."""
+    batch_api = {"max_failed_batches_per_day": 2}
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"batch_api": batch_api}) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+        bad = client.files.create(file=("in.jsonl", _jsonl([_line(0), _line(0)])), purpose="batch")
+        made = [
+            client.batches.create(
+                input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            for _ in range(2)
+        ]
+        assert [b.status for b in made] == ["failed", "failed"]
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.batches.create(
+                input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert refused.value.code == "too_many_failed_batches"
+        assert "used by an earlier line" in refused.value.message  # what this one failed with
+        listed = [b.id for b in client.batches.list()]
+        assert sorted(listed) == sorted(b.id for b in made)  # the refused one: nowhere
+        good = client.files.create(file=("in.jsonl", _jsonl([_line(0)])), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert batch.status == "in_progress"
+
+
 def test_a_cancelled_batch_stops_and_keeps_what_finished(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:

@@ -283,6 +283,10 @@ class BatchAPI:
         )
         active += ticket.ahead()  # this key's creates under way before this one
         s = self._settings
+        # The owner's batches past their retention go now, at its own create's cost.
+        await self._storage(
+            self._lines.prune, caller.owner, time.time() - s.retention_seconds, s.prune_per_create
+        )
         if active >= s.max_active_batches:
             raise OpenAIError(
                 429,
@@ -351,6 +355,18 @@ class BatchAPI:
                     0,
                 )
         if checked.errors:
+            failed = await self._storage(self._lines.failed_since, caller.owner, now - 86400)
+            if failed >= s.max_failed_batches_per_day:
+                raise OpenAIError(
+                    429,
+                    f"This key made {failed} batches whose input failed its checks in the last "
+                    f"24 hours, its limit (jobs.batch_api.max_failed_batches_per_day); fix the "
+                    f"input file and retry later. This one failed with: "
+                    f"{checked.errors[0]['message']}",
+                    code="too_many_failed_batches",
+                    type_="rate_limit_error",
+                    headers={"retry-after": "3600", **headers},
+                )
             batch.update(
                 status="failed",
                 in_progress_at=None,

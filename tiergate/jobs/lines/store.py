@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from tiergate.jobs.state.store import JobStore
-from tiergate.protocol.openaibatch import ChunkMessage
+from tiergate.protocol.openaibatch import FINAL, ChunkMessage
 
 # An active batch's marker ends with its lines and its estimated tokens.
 _ACTIVE_MARKER = re.compile(r"-(\d+)-(-?\d+)$")
@@ -100,7 +100,9 @@ class LineBatchStore:
         batch_id = str(batch["id"])
         self.objects.put(self._key(owner, batch_id, "plan.json"), orjson.dumps(plan))
         self.objects.put(f"{self._root}{owner}/index/{batch_id}", b"")
-        if batch["status"] not in ("failed",):
+        if batch["status"] == "failed":  # refused at create: counted a day (failed_since)
+            self.objects.put(f"{self._root}{owner}/failed/{batch_id}", b"")
+        else:
             lines = int(batch["request_counts"]["total"])
             self.objects.put(f"{self._open}{owner}/{batch_id}", b"")
             self.objects.put(self._active_key(owner, batch_id, lines, tokens), b"")
@@ -135,6 +137,39 @@ class LineBatchStore:
         An id whose create died before its batch object has none (readers skip it)."""
         root = f"{self._root}{owner}/index/"
         return [key.removeprefix(root) for key in self.objects.keys(root)]
+
+    def failed_since(self, owner: str, since: float) -> int:
+        """How many batches of the owner failed at create since ``since`` (epoch s): one
+        LIST from that time on (batch ids start with their creation time)."""
+        root = f"{self._root}{owner}/failed/"
+        start = root + new_batch_id(since)[: len("batch_") + 12]
+        return len(self.objects.keys(root, start_after=start))
+
+    def prune(self, owner: str, before: float, limit: int) -> int:
+        """Remove up to ``limit`` of the owner's final batches created before ``before``
+        (epoch s): the batch object, its plan, markers and index entry (not its files).
+        A batch not yet final stays. Returns how many went."""
+        root = f"{self._root}{owner}/index/"
+        cutoff = new_batch_id(before)[: len("batch_") + 12]
+        removed = 0
+        # Listed with a bound too: old batches not yet final are looked at, not removed.
+        for key in self.objects.keys(root, limit=4 * limit):
+            batch_id = key.removeprefix(root)
+            if batch_id[: len(cutoff)] >= cutoff or removed >= limit:
+                break  # ids are in time order: the rest are newer
+            got = self.get(owner, batch_id)
+            if got is not None and got[0]["status"] not in FINAL:
+                continue
+            for kind in ("done/", "resent/", "chunks/"):
+                for part in self.objects.keys(self._key(owner, batch_id, kind)):
+                    self.objects.delete(part)
+            self.objects.delete(self._key(owner, batch_id, "plan.json"))
+            self.objects.delete(self._key(owner, batch_id, "batch.json"))
+            self.objects.delete(f"{self._root}{owner}/failed/{batch_id}")
+            self.objects.delete(key)
+            self.settle(owner, batch_id)
+            removed += 1
+        return removed
 
     # -- the owner's enqueued work ------------------------------------------------------
 
