@@ -45,15 +45,26 @@ class Joined:
     engine_count: int = 2
 
 
-def read_progress(path: Path | None) -> dict[str, Any] | None:
-    """The tuner's progress file (tiergate.tuning.tuner), or None when absent or torn."""
+def read_progress(path: Path | None, now: float | None = None) -> dict[str, Any] | None:
+    """The tuner's progress file (tiergate.tuning.tuner), or None when absent or torn. The
+    tuner writes it at each step; read later, its estimate of the time left counts down
+    from when it was written (``updated_seconds_ago``), and so does ``elapsed_seconds``
+    count up."""
     if path is None:
         return None
     try:
+        written = path.stat().st_mtime
         loaded = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return loaded if isinstance(loaded, dict) else None
+    if not isinstance(loaded, dict):
+        return None
+    age = max(0.0, (time.time() if now is None else now) - written)
+    loaded["updated_seconds_ago"] = round(age, 1)
+    for name, sign in (("estimated_seconds_left", -1), ("elapsed_seconds", 1)):
+        if isinstance(loaded.get(name), int | float):
+            loaded[name] = round(max(0.0, loaded[name] + sign * age), 0)
+    return loaded
 
 
 def write_progress(path: Path, body: Mapping[str, Any]) -> None:
