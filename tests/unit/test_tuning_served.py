@@ -14,6 +14,7 @@ from tests.unit.test_tuning import _parity
 from tiergate.engine.process import Engine, engine_stage, start_vllm
 from tiergate.enginesettings import Recipe, TuningSettings
 from tiergate.evidence import CandidateResult
+from tiergate.fitting import read_progress
 from tiergate.settings import Settings, load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import served
@@ -246,3 +247,30 @@ def test_a_late_judgement_that_fails_leaves_the_standard_configuration(
     confirmed = tuner._confirm(results, None, Path("/nonexistent"), load_settings())
     assert tuner.judged == [INT8.name]
     assert tuner._choose(confirmed).recipe is None
+
+
+def test_the_progress_file_says_how_far_the_tuning_is(tmp_path: Path) -> None:
+    """What GET /v1/tiers shows while make up tunes (tiergate.fitting): candidate i of n, a
+    candidate's parity rather than its placeholder status, and a time left that includes
+    measuring the proven recipes again as served."""
+    settings = load_settings(tuning={"decision_file": str(tmp_path / "tier-decision.json")})
+    tuner = Tuner(settings, progress=lambda m: None)
+    total = len(settings.tuning.candidates)
+    proven = _screened(NGRAM, 1.2, 1.1)
+    tuner._report_progress(2, [proven])
+    body = read_progress(settings.tuning.progress_path())
+    assert body is not None
+    assert (body["candidate"], body["of"], body["doing"]) == (
+        2,
+        total,
+        settings.tuning.candidates[1].name,
+    )
+    assert body["results"][0]["status"] == "passed parity"
+    assert body["estimated_seconds_left"] >= 200  # the as-served measurement at least
+    tuner._report_progress(total + 1, [proven, _screened(INT8, 1.3, 1.2)])
+    confirming = read_progress(settings.tuning.progress_path())
+    assert confirming is not None and confirming["doing"] == "the choice, measured as served"
+    assert confirming["estimated_seconds_left"] >= 2 * 200 - 5
+    tuner._report_progress(total + 2, [proven])
+    done = read_progress(settings.tuning.progress_path())
+    assert done is not None and done["doing"] == "decided" and done["estimated_seconds_left"] == 0

@@ -63,6 +63,7 @@ Progress = Callable[[str], None]
 # Until measured in this run: an eager start with the speed rounds, and one parity run.
 _MEASURE_ESTIMATE_SECONDS = 150.0
 _PARITY_ESTIMATE_SECONDS = 240.0
+_AS_SERVED_ESTIMATE_SECONDS = 200.0
 
 
 def _slug(name: str) -> str:
@@ -126,6 +127,7 @@ class Tuner:
         # beside them (a standard_url given: the local stack serving while it tunes).
         self.phase_seconds: dict[str, float] = {}
         self.quiet: QuietWatch | None = None
+        self._starting = time.monotonic()
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -205,11 +207,18 @@ class Tuner:
         of what is left from the longest candidate and judgement seen yet."""
         total = len(self.tuning.candidates)
         confirming = step == total + 1
-        left = max(0, total - step + (0 if step == 0 else 1)) * self._measure_seconds
-        if step <= total + 1:
-            left += self._parity_seconds + (0 if confirming else self._measure_seconds)
-        else:
+        proven = sum(1 for r in results if r.parity is not None and r.parity.passed)
+        # Each proven recipe is measured again as served (a compiled start, the rounds):
+        # about 200 s each on a 2-core AMD EPYC Zen 4 (181-210 s, 2026-12-07).
+        served = _AS_SERVED_ESTIMATE_SECONDS if self.tuning.screen_eager else 0.0
+        if step > total + 1:
             left = 0.0
+        elif confirming:
+            left = max(1, proven) * served
+        else:
+            remaining = max(0, total - step + (0 if step == 0 else 1))
+            left = remaining * (self._measure_seconds + self._parity_seconds / 2)
+            left += max(1, proven) * served
         current = (
             self.tuning.candidates[step - 1].name
             if 1 <= step <= total
@@ -228,7 +237,11 @@ class Tuner:
             "results": [
                 {
                     "recipe": r.recipe.name,
-                    "status": r.status,
+                    # Before the decision a candidate's status is a placeholder: its parity
+                    # says more.
+                    "status": r.status
+                    if r.parity is None
+                    else ("passed parity" if r.parity.passed else "failed parity"),
                     "speedup": r.speedup,
                     "parity_passed": None if r.parity is None else r.parity.passed,
                 }
@@ -314,6 +327,7 @@ class Tuner:
         except (SystemExit, OSError, RuntimeError) as exc:
             return CandidateResult(recipe=recipe, status="error", note=f"build failed: {exc}")
         profile = profile.model_copy(update={"port": free_ports()[0]})
+        self._starting = time.monotonic()  # the engine's start, its build done
         try:
             with launched(
                 recipe.name,
@@ -339,7 +353,7 @@ class Tuner:
     ) -> CandidateResult:
         before = spec_counters(httpx.get(f"{engine.url}/metrics", timeout=10).text)
         self.phase_seconds["start"] = round(
-            self.phase_seconds.get("start", 0.0) + time.monotonic() - launched_at, 1
+            self.phase_seconds.get("start", 0.0) + time.monotonic() - self._starting, 1
         )
         with self._phase("speed"):
             speed = measure_speed(
