@@ -28,7 +28,7 @@ from tiergate.engine.process import Engine, healthy, start_vllm, wait_ready
 from tiergate.enginesettings import TierProfile
 from tiergate.evidence import TierDecision
 from tiergate.fitting import Fitting, Joined
-from tiergate.local.supervisor import Supervisor, kill_leftovers
+from tiergate.local.supervisor import Child, Supervisor, kill_leftovers
 from tiergate.settings import Settings
 from tiergate.tiers import Tier
 from tiergate.tuning.layout import EngineLayout, ensure_layout, serves_one, stored_layout
@@ -141,10 +141,10 @@ def start_engine(tier: Tier, profile: TierProfile, log_dir: Path, say: Say = say
     return Engine(tier.value, url, profile.served_model_name, start_vllm(profile, log), log)
 
 
-def supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfile) -> None:
+def supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfile) -> Child | None:
     """Restart an engine this stack started when it dies; ``engine.proc`` follows."""
     if engine.proc is None:  # reused, not ours to restart
-        return
+        return None
 
     def restart() -> subprocess.Popen[bytes]:
         if engine.proc is not None:
@@ -152,7 +152,7 @@ def supervise_engine(supervisor: Supervisor, engine: Engine, profile: TierProfil
         engine.proc = start_vllm(profile, engine.log)
         return engine.proc
 
-    supervisor.watch(f"{engine.name} engine", engine.proc, restart, engine.log)
+    return supervisor.watch(f"{engine.name} engine", engine.proc, restart, engine.log)
 
 
 class Stopped(Exception):
@@ -184,6 +184,7 @@ class FastTierFitter:
         self._stopping = False
         self._tuning: subprocess.Popen[bytes] | None = None
         self.engines: list[Engine] = []  # what this fitter started, stopped with it
+        self._watched: list[Child] = []
         self._thread = threading.Thread(target=self._run, name="tiergate-fitting", daemon=True)
 
     def start(self) -> None:
@@ -194,7 +195,8 @@ class FastTierFitter:
 
     def stop(self) -> None:
         """End the tuning child and stop the engines this fitter started (after the
-        supervisor has stopped: nothing is restarted)."""
+        supervisor has stopped: nothing is restarted). An engine the thread starts from
+        here on is stopped by the thread itself (:meth:`_started`)."""
         with self._lock:
             self._stopping = True
             tuning = self._tuning
@@ -206,8 +208,15 @@ class FastTierFitter:
             except subprocess.TimeoutExpired:
                 tuning.kill()
                 tuning.wait()
-        for engine in self.engines:
-            if engine.proc is not None:
+        self._stop_engines()
+        self._thread.join(30)  # its next step sees the flag (and finds its engines gone)
+        self._stop_engines()
+
+    def _stop_engines(self) -> None:
+        with self._lock:
+            engines, self.engines = list(self.engines), []
+        for engine in engines:
+            if engine.proc is not None and engine.proc.poll() is None:
                 self._say(f"stopping the {engine.name} tier")
                 engine.stop()
 
@@ -218,9 +227,14 @@ class FastTierFitter:
             self._fit()
         except Stopped:
             return
-        except Exception as exc:  # any failure leaves the standard tier serving both
+        # Any failure leaves the standard tier serving both; SystemExit too (a checkpoint
+        # build that could not run says so that way), which a thread would swallow unsaid.
+        except (Exception, SystemExit) as exc:
             if self._stopping:
                 return
+            for child in self._watched:  # an engine that will not serve is not kept up
+                self._supervisor.unwatch(child)
+            self._stop_engines()
             reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
             self._fitting.fail(reason)
             self._say(
@@ -234,9 +248,12 @@ class FastTierFitter:
 
     def _started(self, engine: Engine) -> Engine:
         with self._lock:
-            self.engines.append(engine)
-            if self._stopping:
-                raise Stopped
+            stopping = self._stopping
+            if not stopping:
+                self.engines.append(engine)
+        if stopping:  # the stack stopped while it started: not left running
+            engine.stop()
+            raise Stopped
         return engine
 
     def _tune(self) -> None:
@@ -304,7 +321,9 @@ class FastTierFitter:
                 self.engines.remove(fast)
                 fast = None
             if fast is not None:
-                supervise_engine(self._supervisor, fast, plan.profile)
+                child = supervise_engine(self._supervisor, fast, plan.profile)
+                if child is not None:
+                    self._watched.append(child)
                 self._fitting.enter("judging", "judging the fast tier's parity")
                 verify_fast_tier(plan, {Tier.STANDARD: standard.url, Tier.FAST: fast.url}, say)
         self._check()

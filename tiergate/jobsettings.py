@@ -230,6 +230,14 @@ class BatchApiSettings(_Section):
     retention_seconds: int = Field(30 * 24 * 3600, ge=3600)
     prune_per_create: int = Field(50, ge=1)
 
+    @model_validator(mode="after")
+    def _kept_past_the_window(self) -> BatchApiSettings:
+        if self.retention_seconds < self.completion_window_seconds:
+            raise ValueError(
+                "jobs.batch_api.retention_seconds must be at least completion_window_seconds"
+            )
+        return self
+
 
 class JobsSettings(_Section):
     """Agent jobs: Kafka in, sandboxed runs, results in object storage."""

@@ -177,6 +177,10 @@ def run_local_stack(
         _say(f"error: {exc}")
         return 1
     finally:
+        # Cleanup runs to its end: a second Ctrl-C (or SIGTERM) does not cut it short and
+        # leave engines or the jobs' servers running.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # First: nothing stopped from here on is restarted.
         supervisor.stop()
         if fitter is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -18,12 +19,13 @@ import pytest
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.test_shared_limits_redis import RedisServer, redis_server  # noqa: F401
 from tests.servers import gateway_settings, running_gateway
+from tests.waiting import eventually
 from tiergate.gateway.access.auth import Caller, new_key
 from tiergate.gateway.access.budgets import Budgets
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
-from tiergate.settings import ApiKey, AuthSettings, KeyLimits, LimitSettings
+from tiergate.settings import ApiKey, AuthSettings, KeyLimits, LimitSettings, TeamBudget
 
 ROUTES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
@@ -185,3 +187,69 @@ def test_a_refused_request_gives_its_charge_back() -> None:
         assert await budgets.charge(caller, 8) is not None
 
     asyncio.run(scenario())
+
+
+def test_requests_that_never_reach_an_answer_give_their_charge_back(
+    fakes: list[FakeVllm],
+) -> None:
+    """Review finding: the budget was charged before admission and kept when the engine
+    refused the request, or when the caller left while queued. Neither costs the key."""
+    auth, keys = _auth(a={"limits": {"tokens_per_day": 1000}})
+    settings = gateway_settings(
+        [fakes[0].url],
+        [fakes[2].url],
+        auth=auth,
+        admission={"tiers": {"standard": {"max_concurrent": 1}}},
+        policy={"fallback": False},
+    )
+
+    def spent(base: str) -> int:
+        got = httpx.get(f"{base}/v1/usage", headers={"authorization": f"Bearer {keys['a']}"})
+        return int(got.json()["data"][0]["spent_tokens"])
+
+    with running_gateway(settings) as base:
+        fakes[0].behaviour.mode, fakes[0].behaviour.status = "status", 400
+        refused = _post(base, keys["a"])
+        assert refused.status_code == 400, refused.text
+        assert spent(base) == 0
+        fakes[0].behaviour.mode = "ok"
+        fakes[0].behaviour.chunk_delay = 0.5  # the one slot held for a few seconds
+        with ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(
+                httpx.post,
+                f"{base}/v1/chat/completions",
+                json={"model": MODEL, "stream": True, **ROUTES["/v1/chat/completions"]},
+                headers={"authorization": f"Bearer {keys['a']}"},
+                timeout=30,
+            )
+            eventually(lambda: fakes[0].record.requests >= 2, 10, 0.05, "the slot held")
+            with pytest.raises(httpx.ReadTimeout):  # queued behind it, then gone
+                httpx.post(
+                    f"{base}/v1/chat/completions",
+                    json={"model": MODEL, **ROUTES["/v1/chat/completions"]},
+                    headers={"authorization": f"Bearer {keys['a']}"},
+                    timeout=0.5,
+                )
+            answered = holder.result()
+        assert answered.status_code == 200
+        # Only the answered stream is charged, its usage (3 + 5 tokens from the fake);
+        # nothing for the refused request or the one whose caller left while queued.
+        seen: list[int] = []
+        eventually(lambda: seen.append(spent(base)) or seen[-1] == 8, 10, 0.1, lambda: seen)
+
+
+def test_a_jobs_calls_count_against_its_team_not_a_teammates_key() -> None:
+    """Review finding: a job's model call is made as its owner's first key, so with two
+    keys on one team, one key's jobs spent the other key's own budget. They count against
+    the team's budgets alone; a key with no team is its own."""
+    _, digest = new_key()
+    teammate = ApiKey(name="alice", hash=digest, owner="team-t", limits=KeyLimits(tokens_per_day=5))
+    auth = AuthSettings(teams={"team-t": TeamBudget(tokens_per_day=100)})
+    budgets = Budgets(auth, Limiter(LimitSettings()), Clock(1.8e9))
+    as_job = Caller("alice", teammate, for_job=True)
+    assert [(a.scope, a.limit) for a in budgets.accounts(as_job)] == [("team", 100)]
+    direct = Caller("alice", teammate)
+    assert [(a.scope, a.limit) for a in budgets.accounts(direct)] == [("key", 5), ("team", 100)]
+    _, solo_digest = new_key()
+    solo = ApiKey(name="solo", hash=solo_digest, limits=KeyLimits(tokens_per_day=7))
+    assert [a.scope for a in budgets.accounts(Caller("solo", solo, for_job=True))] == ["key"]

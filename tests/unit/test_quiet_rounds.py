@@ -129,3 +129,26 @@ def test_measured_rounds_against_fake_engines_drop_the_one_a_user_shared() -> No
     finally:
         serving.stop()
         candidate.stop()
+
+
+def test_a_round_begun_with_a_request_in_flight_or_unread_counters_is_shared() -> None:
+    """Review findings: a round begun after the wait ran out with a user's request still
+    in flight netted that request out (it moved from running to finished inside the round)
+    and counted as quiet; and counters that could not be read ended the candidate."""
+    counters = Counters()
+    counters.in_flight = 1.0
+    watch, _ = _watch(counters, wait_seconds=1.0, retries=1)
+
+    def round_() -> None:
+        counters.seen += 2  # its own two; the user's request finishes meanwhile
+        counters.in_flight = 0.0
+
+    watch.run(round_, {URL: 2})
+    assert watch.repeated == 1  # the first round was shared; the second began quiet
+
+    def unreadable(url: str) -> EngineActivity:
+        raise httpx.ConnectError("restarting")
+
+    blind = QuietWatch([URL], read=unreadable, wait_seconds=0.0, retries=1, sleep=lambda s: None)
+    assert blind.run(lambda: "kept", {URL: 1}) == "kept"
+    assert blind.repeated == 1 and blind.kept_shared == 1

@@ -122,8 +122,13 @@ async def _watch_fitting(
     # this loop would not hear safely; half a second is nothing beside minutes of fitting.
     while (joined := fitting.take_join()) is None:  # noqa: ASYNC110
         await asyncio.sleep(every)
-    for tier, urls in joined.endpoints.items():
-        await pools[tier].set_endpoints(urls)
+    try:
+        for tier, urls in joined.endpoints.items():
+            await pools[tier].set_endpoints(urls)
+    except Exception as exc:  # the policy keeps the standard tier serving, and says why
+        log.exception("the fast tier could not join")
+        fitting.fail(f"the gateway could not take the fast tier in: {exc}")
+        return
     if joined.shared_engines:
         admission.share_patient_lane()
     fitting.mark_joined(joined)

@@ -118,6 +118,12 @@ class Supervisor:
                 self._thread.start()
         return child
 
+    def unwatch(self, child: Child) -> None:
+        """Stop watching ``child`` (one stopped on purpose while the stack runs on)."""
+        with self._lock:
+            if child in self._children:
+                self._children.remove(child)
+
     def stop(self) -> None:
         """No more restarts; waits for a restart in progress, so that every child's ``proc``
         is the one to stop afterwards."""

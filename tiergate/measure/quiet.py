@@ -85,7 +85,15 @@ class QuietWatch:
     waited_seconds: float = field(default=0.0)
 
     def _activity(self) -> dict[str, EngineActivity]:
-        return {url: self.read(url) for url in self.urls}
+        """Each engine's counters; one that cannot be read (a busy or restarting engine)
+        reads as busy and unknown (``seen`` -1), which no round counts as quiet."""
+        found = {}
+        for url in self.urls:
+            try:
+                found[url] = self.read(url)
+            except (httpx.HTTPError, OSError, ValueError):
+                found[url] = EngineActivity(-1.0, 1.0)
+        return found
 
     def _wait_quiet(self) -> dict[str, EngineActivity]:
         started = self.clock()
@@ -107,6 +115,12 @@ class QuietWatch:
             result = round_()
             after = self._activity()
             others = sum(after[url].seen - before[url].seen - own.get(url, 0) for url in self.urls)
+            # A request already in flight when the round began (the wait ran out), or
+            # counters that could not be read, share the round however the counts net out.
+            unsure = any(a.in_flight > 0 or a.seen < 0 for a in before.values()) or any(
+                a.seen < 0 for a in after.values()
+            )
+            others = max(others, 1.0) if unsure else others
             if others <= 0:
                 return result
             if attempt == self.retries:

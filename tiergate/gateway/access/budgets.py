@@ -7,9 +7,12 @@ held against every budget that applies: past one, the request is refused with Op
 ``insufficient_quota`` (``retry-after``: when the period turns) and nothing is charged.
 Admitted, the estimate is charged to each; when the answer ends the charge is corrected to
 the usage vLLM reported (prompt plus completion tokens; an answer that ends without usage
-keeps its estimate). A budget can therefore be passed by at most the output of the
-requests already running when it ran out. Agent jobs' and batches' model calls are made as
-their owner's key (``x-tiergate-on-behalf-of``), so they count against its budgets.
+keeps its estimate; one that no engine answered gives it back: Lease.refuse). A budget
+can therefore be passed by at most the output of the requests already running when it ran
+out. Agent jobs' and batches' model calls are made as their owner's first key
+(``x-tiergate-on-behalf-of``), which need not be the key that sent the work: they count
+against the team's budgets, and against the key's own only where the key has no ``owner``
+(it is then its own team).
 
 Counted in Redis where the limits are (``limits.redis_url``: every replica shares one
 count; one script call per admission, the correction sent without waiting; a key's and its
@@ -129,7 +132,11 @@ class Budgets:
         owner = key.owner_id
         found: list[Account] = []
         team = self._teams.get(key.owner) if key.owner else None
-        for scope, name, budget in (("key", key.name, key.limits), ("team", owner, team)):
+        # An agent job's or batch's call is made as its owner's first key; where several
+        # keys share an owner that need not be the key that sent the work, so such calls
+        # count against the team's budgets alone (a key with no owner is its own team).
+        key_budget = None if caller.for_job and key.owner else key.limits
+        for scope, name, budget in (("key", key.name, key_budget), ("team", owner, team)):
             if budget is None:
                 continue
             for period, limit in (

@@ -179,40 +179,48 @@ class Gatekeeper:
         if charge is not None:
             lease.charge, lease.budgets = charge, self.budgets
             lease.headers = charge.headers()
-        if key is not None and (
-            key.limits.requests_per_minute
-            or key.limits.tokens_per_minute
-            or key.limits.max_concurrent
-        ):
-            decision = await self.limiter.admit(caller.name, key.limits, estimate, request_id)
-            lease.decision = decision
-            lease.headers = {**lease.headers, **decision.headers()}
-            if not decision.allowed:
-                lease.refuse()
-                raise self._refused(caller, decision, lease.headers)
-        rank = admission_rank(caller.priority, choice.urgency)
-        # Patient: flex, and every call of an agent job (batch lines among them).
-        patient = choice.flex or caller.for_job
-        long_prompt = self.admission.is_long(estimate)
-        instead = self.policy.when_busy(caller, choice, req.needs)
         try:
+            if key is not None and (
+                key.limits.requests_per_minute
+                or key.limits.tokens_per_minute
+                or key.limits.max_concurrent
+            ):
+                decision = await self.limiter.admit(caller.name, key.limits, estimate, request_id)
+                lease.decision = decision
+                lease.headers = {**lease.headers, **decision.headers()}
+                if not decision.allowed:
+                    lease.refuse()
+                    raise self._refused(caller, decision, lease.headers)
+            rank = admission_rank(caller.priority, choice.urgency)
+            # Patient: flex, and every call of an agent job (batch lines among them).
+            patient = choice.flex or caller.for_job
+            long_prompt = self.admission.is_long(estimate)
+            instead = self.policy.when_busy(caller, choice, req.needs)
             try:
-                wait = None if instead is None else self._settings.admission.priority_wait_seconds
-                lease.ticket = await self.admission.admit(
-                    choice.tier, rank, long_prompt, choice.flex, wait, patient
-                )
+                try:
+                    wait = (
+                        None if instead is None else self._settings.admission.priority_wait_seconds
+                    )
+                    lease.ticket = await self.admission.admit(
+                        choice.tier, rank, long_prompt, choice.flex, wait, patient
+                    )
+                except OpenAIError as err:
+                    if instead is None or err.code != "capacity_exceeded":
+                        raise
+                    self._metrics.admission_rejected.labels(choice.tier.value).inc()
+                    lease.choice = instead
+                    lease.ticket = await self.admission.admit(
+                        instead.tier, rank, long_prompt, patient=patient
+                    )
             except OpenAIError as err:
-                if instead is None or err.code != "capacity_exceeded":
-                    raise
-                self._metrics.admission_rejected.labels(choice.tier.value).inc()
-                lease.choice = instead
-                lease.ticket = await self.admission.admit(
-                    instead.tier, rank, long_prompt, patient=patient
-                )
-        except OpenAIError as err:
+                lease.refuse()
+                self._metrics.admission_rejected.labels(lease.choice.tier.value).inc()
+                err.headers = {**lease.headers, **err.headers}
+                raise
+        except BaseException:
+            # Refused, or the caller gone while it queued (a cancellation): the budget's
+            # charge and the limits' holds are given back (refuse() is idempotent).
             lease.refuse()
-            self._metrics.admission_rejected.labels(lease.choice.tier.value).inc()
-            err.headers = {**lease.headers, **err.headers}
             raise
         m = self._metrics
         m.observe(m.queue_wait, lease.ticket.waited_seconds, lease.choice.tier)

@@ -164,8 +164,12 @@ class CompletionsProxy:
                 self._caller.open(req, decision, body, request_id, long_prompt)
             )
         except OpenAIError as err:
+            if lease is not None:
+                lease.refuse()  # no engine answered: its budget charge is given back
             return self._refuse(err, path, started, headers, fields), lease
         except (ClientGone, ClientDisconnect):
+            if lease is not None:
+                lease.refuse()
             self._metrics.client_disconnects.labels("none").inc()
             return Response(status_code=499), lease
         headers.update(
@@ -369,6 +373,7 @@ class CompletionsProxy:
     # -- helpers ---------------------------------------------------------------------------
 
     async def _upstream_error(self, ctx: RequestContext, opened: Opened) -> Response:
+        ctx.lease.refuse()  # the engine refused it: nothing to charge to a budget
         try:
             raw = await opened.response.read()
         except OSError:  # TimeoutError too

@@ -160,6 +160,10 @@ class LineBatchStore:
             got = self.get(owner, batch_id)
             if got is not None and got[0]["status"] not in FINAL:
                 continue
+            # Kept from when it ended, not only from when it was made.
+            ended = max(float(got[0].get(f"{status}_at") or 0) for status in FINAL) if got else 0.0
+            if ended >= before:
+                continue
             for kind in ("done/", "resent/", "chunks/"):
                 for part in self.objects.keys(self._key(owner, batch_id, kind)):
                     self.objects.delete(part)
