@@ -129,7 +129,16 @@ class JobLifecycle:
             return self.finish(job, JobStatus.CANCELLED)
         job.cancel_requested_at = int(time.time())
         self._store.put_status(job)
-        return self._store.get(job.id) or job
+        stored = self._store.get(job.id)
+        if stored is None:
+            return job
+        # The worker's write of its own copy (a step) may land between ours and this read,
+        # and the record is the last writer's: the request stands all the same (its marker,
+        # which the worker polls), so the answer says it was made. Seen in a loaded CI run:
+        # the cancel's answer had no cancel_requested_at, and the job was cancelled.
+        if not stored.status.terminal and stored.cancel_requested_at is None:
+            stored.cancel_requested_at = job.cancel_requested_at
+        return stored
 
     # -- the worker's side ------------------------------------------------------------------
 
