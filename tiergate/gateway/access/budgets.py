@@ -33,7 +33,7 @@ from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
-from tiergate.settings import AuthSettings
+from tiergate.settings import AuthSettings, KeyLimits, TeamBudget
 
 # KEYS: the counters. ARGV: the cost, then per counter its limit and its time to live.
 # Returns {1, 0, spent...} when charged, {0, index, spent} for the first budget it passes.
@@ -75,6 +75,10 @@ def _turns(now: float) -> dict[str, tuple[str, float]]:
         "day": (time.strftime("%Y-%m-%d", t), float(next_day)),
         "month": (time.strftime("%Y-%m", t), float(next_month)),
     }
+
+
+def _budgeted(budget: KeyLimits | TeamBudget | None) -> bool:
+    return budget is not None and bool(budget.tokens_per_day or budget.tokens_per_month)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +131,16 @@ class Budgets:
         key = caller.key
         if key is None:
             return []
-        now = self._clock()
-        turns = _turns(now)
-        owner = key.owner_id
-        found: list[Account] = []
         team = self._teams.get(key.owner) if key.owner else None
         # An agent job's or batch's call is made as its owner's first key; where several
         # keys share an owner that need not be the key that sent the work, so such calls
         # count against the team's budgets alone (a key with no owner is its own team).
         key_budget = None if caller.for_job and key.owner else key.limits
+        if not _budgeted(key_budget) and not _budgeted(team):
+            return []  # the usual case: no clock, no calendar on the request's path
+        turns = _turns(self._clock())
+        owner = key.owner_id
+        found: list[Account] = []
         for scope, name, budget in (("key", key.name, key_budget), ("team", owner, team)):
             if budget is None:
                 continue
