@@ -241,6 +241,11 @@ class ApiKey(_Section):
     limits: KeyLimits = Field(default_factory=KeyLimits)
     # Higher is admitted first when a tier's admission queue is not empty.
     priority: int = Field(0, ge=0, le=9)
+    # Its owner's share of the engines against other owners of the same priority when
+    # they all want more than they get (admission.fair_share): an owner of weight 2 is
+    # served twice the tokens of one of weight 1. Keys sharing an owner: give them one
+    # weight (each request counts with its own key's).
+    weight: float = Field(1.0, gt=0, le=1000)
     # A job worker's key: it may call the model on behalf of a job's owner
     # (``x-tiergate-on-behalf-of: <the owner's id>``), and is then held to the owner's
     # models, tiers and limits. No other key may name someone else.
@@ -347,6 +352,51 @@ class PatientAdmission(_Section):
         return self
 
 
+class FlowAdmission(_Section):
+    """Flow control: how many requests each tier's gate hands its engines at once.
+
+    The engines run every admitted request in the same steps, so past what they take
+    without slowing, each one more lengthens every stream's time per output token, and the
+    gateway's order (priority bands, fair shares) no longer decides who waits. With
+    ``adaptive`` the tier's limit (at most its ``max_concurrent``) follows interactive
+    streams' time per output token as the patient lane's does (tiergate.gateway.access
+    .patience): measured against the same with no more than ``min_concurrent`` requests in
+    flight, cut to 0.7 of itself (or of what is in flight) past ``target_slowdown``, raised
+    by an eighth while under it with the gate full; lifted to ``max_concurrent`` once no
+    interactive stream has ended for ``quiet_seconds``. Until there is a reference it stays
+    at ``max_concurrent`` (the gateway measures one whenever traffic is light).
+
+    ``reserve``: slots over the limit for interactive requests of tenants with at most one
+    request in flight, so that another tenant's next request is served at once rather than after one
+    of a flood's requests ends (tiergate.gateway.access.gate)."""
+
+    adaptive: bool = True
+    min_concurrent: int = Field(2, ge=1)
+    # Measured on the AMD EPYC Zen 4 (docs/access.md): each request more in flight added
+    # about 8% to the time per output token alone, so the bound costs throughput there
+    # (docs/access.md); a GPU's step grows little until its batch is full. 1.4 as the
+    # patient lane's: 1.3 held a quiet tenant's TPOT to 1.2x at 43% of the throughput.
+    target_slowdown: float = Field(1.4, gt=1)
+    reserve: int = Field(2, ge=0)
+    adjust_seconds: float = Field(1.0, gt=0)
+    quiet_seconds: float = Field(5.0, gt=0)
+    reference_samples: int = Field(32, ge=1)
+
+
+class FairShareSettings(_Section):
+    """Token-weighted fairness within a priority band (tiergate.gateway.access.fairshare):
+    a slot that frees goes to the waiting tenant served the fewest weighted tokens over the
+    last ``window_seconds`` on that tier's engines, each tenant's count divided by its
+    key's ``weight``; shared by the replicas through ``limits.redis_url``. Off: arrival
+    order within a band."""
+
+    enabled: bool = True
+    window_seconds: float = Field(60.0, gt=0)
+    # An output token costs more engine time than a prompt token (VTC's default weights).
+    prompt_weight: float = Field(1.0, ge=0)
+    output_weight: float = Field(2.0, ge=0)
+
+
 def _default_admission() -> dict[Tier, TierAdmission]:
     return {tier: TierAdmission() for tier in Tier}
 
@@ -367,6 +417,8 @@ class AdmissionSettings(_Section):
     priority_wait_seconds: float = Field(1.0, gt=0)
     flex: FlexAdmission = Field(default_factory=FlexAdmission)
     patient: PatientAdmission = Field(default_factory=PatientAdmission)
+    flow: FlowAdmission = Field(default_factory=FlowAdmission)
+    fair_share: FairShareSettings = Field(default_factory=FairShareSettings)
 
     @field_validator("tiers", mode="after")
     @classmethod

@@ -199,7 +199,8 @@ def test_requests_that_never_reach_an_answer_give_their_charge_back(
         [fakes[0].url],
         [fakes[2].url],
         auth=auth,
-        admission={"tiers": {"standard": {"max_concurrent": 1}}},
+        # No reserve: the key's second request must queue behind its first.
+        admission={"tiers": {"standard": {"max_concurrent": 1}}, "flow": {"reserve": 0}},
         policy={"fallback": False},
     )
 

@@ -144,7 +144,13 @@ async def test_priority_the_fast_tier_cannot_take_is_served_at_default() -> None
 
 
 async def test_priority_is_not_moved_where_the_key_may_not_use_standard_or_it_is_off() -> None:
-    admission = {"priority_wait_seconds": 0.1, "tiers": {"fast": {"max_concurrent": 1}}}
+    # No reserve: a tenant with one request in flight would otherwise be let in past the
+    # full gate (admission.flow.reserve), and the tier would not be busy for it.
+    admission = {
+        "priority_wait_seconds": 0.1,
+        "tiers": {"fast": {"max_concurrent": 1}},
+        "flow": {"reserve": 0},
+    }
     key = ApiKey.model_validate({"name": "k", "hash": "sha256:" + "0" * 64, "tiers": ["fast"]})
     for caller, policy in (
         (Caller("k", key), {}),

@@ -97,7 +97,7 @@ def test_the_reference_is_only_what_ran_beside_no_more_than_the_floor() -> None:
     _fill(lane, 10)
     _window(lane, clock, 0.090, at_start=10)  # busy samples never become the reference
     assert lane.slowdown == pytest.approx(3.0)
-    assert lane.limit == 22
+    assert lane.limit == 7  # 0.7 of the 10 in flight: a cut above them would change nothing
 
 
 def test_quiet_interactive_callers_give_the_patient_work_everything() -> None:

@@ -377,3 +377,66 @@ def bench_batch_cmd(
     if not baseline:
         command += " --no-baseline"
     write_report(out, "batch-bench", result, render_batch(result, command))
+
+
+@bench_app.command("fairness")
+def bench_fairness_cmd(
+    engine: Annotated[
+        str | None,
+        typer.Option(help="Engine URL. Default: the local stack's standard engine"),
+    ] = None,
+    model: Annotated[str, typer.Option(help="Served model name")] = "SmolLM2-135M-Instruct",
+    flood: Annotated[
+        int, typer.Option(min=2, help="Tenant A's streams at once (each tenant's max_concurrent)")
+    ] = 16,
+    samples: Annotated[int, typer.Option(min=1, help="Tenant B's requests per phase")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=2, help="Output tokens per request")] = 64,
+    share_seconds: Annotated[
+        float, typer.Option(min=10.0, help="Seconds both tenants flood for the token shares")
+    ] = 60.0,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Two tenants of one priority through gateways of its own with keys, in front of a
+    running engine: tenant B's time to first token and per output token while tenant A
+    floods, against B alone, first come first served and then fair; each tenant's share of
+    tokens when both flood. Writes fairness-bench.md/.json/.png; exits 1 if the fair
+    gateway misses issue 52's targets."""
+    from tiergate.bench.fairness.bench import FairnessParams, bench_fairness
+    from tiergate.bench.fairness.report import (
+        SHARE_TOLERANCE,
+        SLOWDOWN_TARGET,
+        chart,
+        command_line,
+        render_fairness,
+    )
+    from tiergate.bench.report import write_report
+    from tiergate.bench.urgency.gateway import UrgencyBenchError
+
+    if engine is None:
+        profile = settings_or_exit().profiles[Tier.STANDARD]
+        engine = f"http://{profile.host}:{profile.port}"
+    params = FairnessParams(engine, model, flood, samples, max_tokens, share_seconds)
+    try:
+        result = bench_fairness(params)
+    except UrgencyBenchError as exc:
+        typer.echo(f"[bench fairness] {exc}", err=True)
+        raise typer.Exit(1) from None
+    write_report(out, "fairness-bench", result, render_fairness(result, command_line(params)))
+    try:
+        chart(result, out / "fairness-bench.png")
+    except ModuleNotFoundError:  # the chart is the bench extra's (pip install tiergate[bench])
+        typer.echo("[bench fairness] no chart: matplotlib is not installed", err=True)
+    fair = result["runs"][-1]
+    slowdown = [v for v in fair["b_slowdown"].values() if v is not None]
+    shares = fair["shares"] or {}
+    met = (
+        bool(slowdown)
+        and max(slowdown) <= SLOWDOWN_TARGET
+        and all(
+            abs(t["share"] - t["weight_share"]) <= SHARE_TOLERANCE * t["weight_share"]
+            for t in shares.values()
+            if isinstance(t, dict)
+        )
+    )
+    if not met:
+        raise typer.Exit(1)

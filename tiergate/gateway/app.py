@@ -105,12 +105,19 @@ def _hot_path(state: GatewayState, body_read_timeout_seconds: float) -> ASGIApp:
     return BodyReadDeadline(endpoint, body_read_timeout_seconds)
 
 
-async def _tick(admission: Admission, every: float) -> None:
-    """The patient lanes' clock (PatientLane.tick): their limits rise when interactive
-    callers are quiet even if no request arrives."""
+async def _tick(admission: Admission, limiter: Limiter, every: float) -> None:
+    """The admission clock: the patient lanes' and flow control's limits rise when
+    interactive callers are quiet even if no request arrives (PatientLane.tick), and the
+    served-token counts are shared through Redis where the limits are (ServedTokens.sync)."""
     while True:
         await asyncio.sleep(every)
         admission.tick()
+        redis = limiter.redis_client
+        if redis is not None and limiter.shared:
+            try:
+                await admission.sync_served(redis)
+            except Exception as exc:  # counted alone until Redis answers again
+                limiter.redis_failed(exc)
 
 
 async def _watch_fitting(
@@ -226,7 +233,9 @@ def create_app(settings: Settings, fitting: Fitting | None = None) -> FastAPI:
             state.files, state.openai_batches = wiring.files, wiring.openai_batches
         for pool in pools.values():
             await pool.start()
-        ticking = asyncio.create_task(_tick(admission, settings.admission.patient.adjust_seconds))
+        ticking = asyncio.create_task(
+            _tick(admission, limiter, settings.admission.patient.adjust_seconds)
+        )
         joining = (
             asyncio.create_task(_watch_fitting(fitting, pools, admission))
             if fitting is not None

@@ -33,6 +33,7 @@ class Sample:
     tokens: int
     started: float = 0.0
     first_token_at: float | None = None
+    prompt_tokens: int = 0
 
     @property
     def tpot(self) -> float | None:
@@ -65,7 +66,7 @@ async def timed(
     first content token arrives."""
     started = time.perf_counter()
     ttft = None
-    tokens = 0
+    tokens = prompt_tokens = 0
     async with client.stream("POST", url, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
@@ -80,8 +81,10 @@ async def timed(
                         on_first_token()
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
+                prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
     first = None if ttft is None else started + ttft
-    return Sample(ttft or 0.0, time.perf_counter() - started, tokens, started, first)
+    e2e = time.perf_counter() - started
+    return Sample(ttft or 0.0, e2e, tokens, started, first, prompt_tokens)
 
 
 async def run_level(

@@ -64,6 +64,10 @@ class Caller:
     def priority(self) -> int:
         return 0 if self.key is None else self.key.priority
 
+    @property
+    def weight(self) -> float:
+        return 1.0 if self.key is None else self.key.weight
+
 
 ANONYMOUS = Caller("anonymous", None)
 

@@ -56,6 +56,25 @@ class AdmissionCollector(Collector):
                 slowdown.add_metric([tier.value], patient.slowdown)
         yield limit
         yield slowdown
+        flow = GaugeMetricFamily(
+            "tiergate_admission_limit",
+            "Requests a tier's gate hands its engines at once now: set from interactive "
+            "streams' time per output token (admission.flow), at most its max_concurrent",
+            labels=["tier"],
+        )
+        for tier, gate in self._admission.tiers.items():
+            flow.add_metric([tier.value], float(gate.capacity))
+        yield flow
+        flow_slowdown = GaugeMetricFamily(
+            "tiergate_admission_slowdown",
+            "Interactive streams' median time per output token over its reference, as a "
+            "tier's flow control last saw it",
+            labels=["tier"],
+        )
+        for tier, control in self._admission.flow.items():
+            if control.slowdown is not None:
+                flow_slowdown.add_metric([tier.value], control.slowdown)
+        yield flow_slowdown
         if self._limiter.configured_redis:
             yield GaugeMetricFamily(
                 "tiergate_ratelimit_redis_up",

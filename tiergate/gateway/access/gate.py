@@ -1,62 +1,119 @@
-"""A gate: at most ``capacity`` holders, the rest waiting in priority order; and the slots
-one request holds (a ticket)."""
+"""A gate: at most ``capacity`` holders, the rest waiting; and the slots one request holds
+(a ticket).
+
+Who gets a slot that frees: the waiters of the highest priority first (strict bands), and
+among them the owner (tenant) that has been served the fewest weighted tokens recently, as
+``served`` says (tiergate.gateway.access.fairshare); an owner's own waiters in arrival
+order. Without ``served``, arrival order within a band.
+
+``reserve``: slots beyond the capacity for owners that hold next to none. An interactive
+request (``may_exceed``) of a tenant with at most one request in flight and none waiting
+(a client that sends one after another often sends the next before the gateway has ended
+the last; a tenant with a backlog is not quiet, and its requests keep their order) is let
+in at once even when the gate is full, while fewer than ``reserve`` such slots are held,
+so that a tenant that floods never makes another tenant's next request wait for one of
+the flood's to end, even just after flow control lowered the capacity under what the flood
+holds. It costs the engines at most ``reserve`` requests over the limit. A slot let in so
+is not passed on when it ends while the gate is over its capacity. The unnamed owner
+``""`` (a gateway without keys: one tenant, nobody to keep a slot for) gets none.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+Served = Callable[[str], float]
 
-@dataclass(order=True)
+
+@dataclass(eq=False, slots=True)
 class _Waiter:
-    sort_key: tuple[int, int]
-    future: asyncio.Future[None] = field(compare=False)
+    seq: int
+    owner: str
+    future: asyncio.Future[None] = field(repr=False)
 
 
 class Gate:
-    """At most ``capacity`` holders; the rest wait in priority order, at most ``max_queue``."""
+    """At most ``capacity`` holders; the rest wait (at most ``max_queue``) as the module
+    says."""
 
-    def __init__(self, capacity: int, max_queue: int) -> None:
+    def __init__(
+        self, capacity: int, max_queue: int, *, served: Served | None = None, reserve: int = 0
+    ) -> None:
         self.capacity = capacity
         self.max_queue = max_queue
+        self.reserve = reserve
         self.active = 0
-        self._queue: list[_Waiter] = []
+        self.queued = 0
+        self._served = served
+        self._held: dict[str, int] = {}
+        # The reserve's slots held, by owner (fewer than ``reserve`` in all when one is
+        # taken).
+        self._extra: dict[str, int] = {}
+        # priority -> owner -> that owner's waiters of that priority, in arrival order.
+        self._waiting: dict[int, dict[str, deque[_Waiter]]] = {}
         self._seq = itertools.count()
 
-    @property
-    def queued(self) -> int:
-        return sum(1 for w in self._queue if not w.future.done())
+    def held(self, owner: str) -> int:
+        return self._held.get(owner, 0)
 
-    def try_enter(self) -> bool:
-        if self._queue and self.queued == 0:
-            self._queue.clear()  # only abandoned waiters were left
-        if self.active < self.capacity and not self._queue:
-            self.active += 1
+    def owners(self) -> set[str]:
+        """The owners holding or waiting for a slot."""
+        waiting = {owner for owners in self._waiting.values() for owner in owners}
+        return waiting | set(self._held)
+
+    def try_enter(self, owner: str = "", may_exceed: bool = False) -> bool:
+        # A free slot means no waiter could take it (every leave and resize hands a free
+        # slot to a waiter), so none is passed by.
+        if self.active < self.capacity:
+            self._take(owner)
+            return True
+        if (
+            may_exceed
+            and owner
+            and self._held.get(owner, 0) <= 1
+            and sum(self._extra.values()) < self.reserve
+            and not any(owner in owners for owners in self._waiting.values())
+        ):
+            self._extra[owner] = self._extra.get(owner, 0) + 1
+            self._take(owner)
             return True
         return False
 
-    async def enter(self, priority: int, wait_seconds: float) -> None:
+    def _take(self, owner: str) -> None:
+        self.active += 1
+        self._held[owner] = self._held.get(owner, 0) + 1
+
+    async def enter(
+        self, priority: int, wait_seconds: float, owner: str = "", may_exceed: bool = False
+    ) -> None:
         """Wait for a slot; raises ``LookupError`` when the queue is full and
         ``TimeoutError`` when the wait is too long."""
-        if self.try_enter():
+        if self.try_enter(owner, may_exceed):
             return
         if self.queued >= self.max_queue:
             raise LookupError("queue full")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._queue, _Waiter((-priority, next(self._seq)), future))
+        waiter = _Waiter(next(self._seq), owner, future)
+        self._waiting.setdefault(priority, {}).setdefault(owner, deque()).append(waiter)
+        self.queued += 1
         try:
             async with asyncio.timeout(wait_seconds):
                 await future
         except BaseException:
             if future.done() and not future.cancelled():
-                self.leave()  # the slot was handed over just as we gave up: pass it on
+                self.leave(owner)  # the slot was handed over just as we gave up: pass it on
             else:
                 future.cancel()
+                self._drop(priority, waiter)
             raise
 
-    def leave(self) -> None:
+    def leave(self, owner: str = "") -> None:
+        _decrement(self._held, owner)
+        _decrement(self._extra, owner)
         # Past a lowered capacity the slot is not passed on: the gate shrinks to it.
         if self.active <= self.capacity and self._hand_over():
             return
@@ -70,24 +127,63 @@ class Gate:
             self.active += 1
 
     def _hand_over(self) -> bool:
-        while self._queue:
-            waiter = heapq.heappop(self._queue)
-            if not waiter.future.done():
-                waiter.future.set_result(None)  # the slot passes straight to the waiter
-                return True
+        """Give a slot to the next waiter that may hold one (the module's order)."""
+        for priority in sorted(self._waiting, reverse=True):
+            owners = self._waiting[priority]
+            best: tuple[float, int] | None = None
+            chosen = ""
+            for owner, waiters in owners.items():
+                rank = (self._served(owner) if self._served else 0.0, waiters[0].seq)
+                if best is None or rank < best:
+                    best, chosen = rank, owner
+            if best is None:
+                continue  # (an empty band is deleted, so this is not reached)
+            waiters = owners[chosen]
+            waiter = waiters.popleft()
+            if not waiters:
+                del owners[chosen]
+                if not owners:
+                    del self._waiting[priority]
+            self.queued -= 1
+            self._held[chosen] = self._held.get(chosen, 0) + 1
+            waiter.future.set_result(None)  # the slot passes straight to the waiter
+            return True
         return False
+
+    def _drop(self, priority: int, waiter: _Waiter) -> None:
+        """A waiter that gave up (timed out, or its caller went away) leaves the queue."""
+        owners = self._waiting.get(priority)
+        waiters = owners.get(waiter.owner) if owners else None
+        if owners is None or waiters is None or waiter not in waiters:
+            return
+        waiters.remove(waiter)
+        self.queued -= 1
+        if not waiters:
+            del owners[waiter.owner]
+            if not owners:
+                del self._waiting[priority]
+
+
+def _decrement(counts: dict[str, int], owner: str) -> None:
+    left = counts.get(owner, 0) - 1
+    if left > 0:
+        counts[owner] = left
+    else:
+        counts.pop(owner, None)
 
 
 @dataclass(slots=True)
 class Ticket:
-    """Slots held by one request; released exactly once when its response ends."""
+    """Slots held by one request (for its owner); released exactly once when its response
+    ends."""
 
     gates: list[Gate]
     waited_seconds: float
+    owner: str = ""
     _released: bool = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             for gate in reversed(self.gates):
-                gate.leave()
+                gate.leave(self.owner)

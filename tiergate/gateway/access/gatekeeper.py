@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.auth import Authenticator, Caller
 from tiergate.gateway.access.budgets import Budgets, Charge
+from tiergate.gateway.access.fairshare import ServedTokens
 from tiergate.gateway.access.gate import Ticket
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.access.models import ServedModels
@@ -64,14 +65,26 @@ class Lease:
     budgets: Budgets | None = None
     usage_counter: Any = None
     lane_at_start: int = 0
+    # The tier's flow control (an interactive request's answer times are its signal too),
+    # with the requests in flight on the tier when it was admitted.
+    flow: PatientLane | None = None
+    flow_at_start: int = 0
+    # The served-token count of the engines it was admitted to: charged the prompt's
+    # estimate at admission, corrected with the engine's usage at the end.
+    served: ServedTokens | None = None
     _ended: bool = False
 
     def observe_answer(self, tier: Tier, tpot: float, ttft: float) -> None:
         """An interactive answer served on ``tier`` (a stream, or a non-streamed answer read
         from the engine's stream) ended with these times per output token and to its first
         token."""
-        if self.lane is not None and tier is self.choice.tier:
-            self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start, self.caller.owner)
+        if tier is not self.choice.tier:
+            return
+        owner = self.caller.owner
+        if self.lane is not None:
+            self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start, owner)
+        if self.flow is not None:
+            self.flow.observe(tpot, ttft, self.estimate, self.flow_at_start, owner)
 
     def refuse(self) -> None:
         """End a request refused before it reached an engine: its budget charge is given
@@ -84,6 +97,12 @@ class Lease:
         if self._ended:
             return
         self._ended = True
+        # Counted before the slot is handed on: the next holder is chosen by these counts.
+        if self.served is not None and self.ticket is not None and usage:
+            prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(output, int):
+                tokens = self.served.tokens(prompt - self.estimate, output)
+                self.served.charge(self.ticket.owner, tokens, self.caller.weight)
         if self.ticket is not None:
             self.ticket.release()
         total = usage.get("total_tokens") if usage else None
@@ -192,6 +211,8 @@ class Gatekeeper:
                     lease.refuse()
                     raise self._refused(caller, decision, lease.headers)
             rank = admission_rank(caller.priority, choice.urgency)
+            # The tenant its gates share fairly; without keys, one tenant (no reserve).
+            owner = caller.owner if caller.key is not None else ""
             # Patient: flex, and every call of an agent job (batch lines among them).
             patient = choice.flex or caller.for_job
             long_prompt = self.admission.is_long(estimate)
@@ -202,7 +223,7 @@ class Gatekeeper:
                         None if instead is None else self._settings.admission.priority_wait_seconds
                     )
                     lease.ticket = await self.admission.admit(
-                        choice.tier, rank, long_prompt, choice.flex, wait, patient
+                        choice.tier, rank, long_prompt, choice.flex, wait, patient, owner
                     )
                 except OpenAIError as err:
                     if instead is None or err.code != "capacity_exceeded":
@@ -210,7 +231,7 @@ class Gatekeeper:
                     self._metrics.admission_rejected.labels(choice.tier.value).inc()
                     lease.choice = instead
                     lease.ticket = await self.admission.admit(
-                        instead.tier, rank, long_prompt, patient=patient
+                        instead.tier, rank, long_prompt, patient=patient, owner=owner
                     )
             except OpenAIError as err:
                 lease.refuse()
@@ -224,9 +245,15 @@ class Gatekeeper:
             raise
         m = self._metrics
         m.observe(m.queue_wait, lease.ticket.waited_seconds, lease.choice.tier)
+        tier = lease.choice.tier
+        lease.served = self.admission.served[tier]
+        lease.served.charge(lease.ticket.owner, lease.served.tokens(estimate, 0), caller.weight)
         if not patient:
-            lease.lane = self.admission.patient[lease.choice.tier]
+            lease.lane = self.admission.patient[tier]
             lease.lane_at_start = lease.lane.started()
+            lease.flow = self.admission.flow.get(tier)
+            if lease.flow is not None:
+                lease.flow_at_start = lease.flow.started()
         return lease
 
 

@@ -18,8 +18,8 @@ multiplicative decrease):
   default: settings.py says why) the larger of that and its TTFT over its prompt size's
   (where that size has one). Every ``adjust_seconds`` in which interactive streams ended,
   their median slowdown decides: over ``target_slowdown`` the limit is cut to 0.7 of
-  itself (not below the floor); under it, and with the lane full, it grows by an eighth
-  (at least one).
+  itself, or of the requests in flight where fewer (not below the floor); under it, and
+  with the lane full, it grows by an eighth (at least one).
 - with no interactive stream for ``quiet_seconds`` the limit is lifted to
   ``max_concurrent``: patient work fills what interactive callers leave.
 
@@ -34,6 +34,11 @@ gateway reads them from), and a stream the client read slowly does not
 limit falls; only the next ones wait.
 Each gateway replica governs its own patient requests from its own interactive streams.
 Where both tiers are served by the same engines they share one lane.
+
+The same controller sets each tier's whole limit (flow control, ``admission.flow``): given
+the tier's gate, and started at its ceiling rather than its floor (``measure_first``
+False), since holding every request to the floor until a reference exists would queue a
+fresh gateway's first burst.
 """
 
 from __future__ import annotations
@@ -58,11 +63,17 @@ class PatientLane:
     """One engine group's patient lane: its gate and the limit's controller."""
 
     def __init__(
-        self, settings: PatientAdmission, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: PatientAdmission,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        gate: Gate | None = None,
+        measure_first: bool = True,
     ) -> None:
         self._s = settings
         self._clock = clock
-        self.gate = Gate(settings.max_concurrent, settings.max_queue)
+        self._measure_first = measure_first
+        self.gate = gate or Gate(settings.max_concurrent, settings.max_queue)
         self._tpot_ref = _Reference(settings.reference_samples)
         self._ttft_ref: dict[int, _Reference] = {}
         self._window: dict[str, list[float]] = {}
@@ -123,12 +134,15 @@ class PatientLane:
         voices, self._window, self._window_started = self._window, {}, now
         floor, ceiling = self._s.min_concurrent, self._s.max_concurrent
         if not voices:
-            if self._tpot_ref.value() is None:
+            if self._tpot_ref.value() is None and self._measure_first:
                 self.gate.resize(floor)  # no reference yet: measure one
             return
         self.slowdown = statistics.median(statistics.median(v) for v in voices.values())
         if self.slowdown > self._s.target_slowdown:
-            self.gate.resize(max(floor, int(self.limit * _DECREASE)))
+            # Cut from what is in flight where that is under the limit: a cut above it
+            # changes nothing (a tier's limit starts at its ceiling, far above its load).
+            base = min(self.limit, max(self.gate.active, floor))
+            self.gate.resize(max(floor, int(base * _DECREASE)))
         elif self.gate.active >= self.limit or self.gate.queued:
             self.gate.resize(min(ceiling, self.limit + max(1, self.limit // 8)))
 
