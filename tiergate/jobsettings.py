@@ -273,6 +273,12 @@ class JobsSettings(_Section):
     # and the threads their storage polls run on (their own, not the creates').
     max_streams_per_key: int = Field(16, ge=1)
     stream_threads: int = Field(8, ge=1, le=256)
+    # The threads the jobs, files and batches routes call object storage and the queue on,
+    # their own (tiergate/gateway/jobs/threads.py): not the event loop's default pool, on
+    # which the gateway resolves its engines' and Redis's addresses (six threads on a
+    # two-core pod). A key holds at most max_reads_in_flight_per_key of them with reads,
+    # so the default lets eight keys read at their most at once before a ninth waits.
+    storage_threads: int = Field(32, ge=1, le=256)
     # What one owner's reads of its jobs and batches (GET, list, the event streams' polls,
     # a batch's rollouts export) may cost a minute, in read units: one per call to object
     # storage and one per 8 KiB read, what parsing it costs the gateway

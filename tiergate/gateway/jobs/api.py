@@ -13,12 +13,10 @@ event streams may cost is bounded in :mod:`~tiergate.gateway.jobs.uploads` and
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
 import uuid
-from concurrent.futures import Executor
 from typing import Any
 
 import orjson
@@ -33,6 +31,7 @@ from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.eventstream import EventStreams
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
+from tiergate.gateway.jobs.threads import JobThreads
 from tiergate.gateway.jobs.uploads import SpoolSlots, Uploads
 from tiergate.gateway.openai.selection import parse_body, read_body, requested_tier
 from tiergate.jobs.state.lifecycle import JobLifecycle
@@ -89,9 +88,10 @@ class JobsAPI:
         queue: JobQueue,
         gatekeeper: Gatekeeper,
         max_body_bytes: int,
-        stream_pool: Executor,
+        threads: JobThreads,
     ) -> None:
-        """``stream_pool``: the event streams' own threads (the app's lifespan owns it)."""
+        """``threads``: the routes' own thread pools (the app's lifespan closes them)."""
+        self.threads = threads
         self._settings = settings
         self._max_body_bytes = max_body_bytes
         self._store = store
@@ -101,7 +101,9 @@ class JobsAPI:
         self._gatekeeper = gatekeeper
         # One count of the transfers that spool to this replica's disk (uploads, files).
         self.spool_slots = SpoolSlots(settings)
-        self._uploads = Uploads(settings, store, gatekeeper, self.storage, self.spool_slots)
+        self._uploads = Uploads(
+            settings, store, gatekeeper, self.storage, self.spool_slots, threads
+        )
         self.reads = ReadBudget(
             gatekeeper.limiter,
             store.objects,
@@ -109,7 +111,7 @@ class JobsAPI:
             settings.max_reads_in_flight_per_key,
         )
         self.streams = EventStreams(
-            store, stream_pool, settings.max_streams_per_key, unavailable, self.reads
+            store, threads.streams, settings.max_streams_per_key, unavailable, self.reads
         )
 
     def close(self) -> None:
@@ -118,7 +120,7 @@ class JobsAPI:
 
     async def storage(self, fn: Any, *args: Any) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await self.threads.store(fn, *args)
         except StorageError as exc:
             raise unavailable("store", exc) from exc
 
@@ -142,7 +144,7 @@ class JobsAPI:
 
     async def _public(self, job: Job) -> dict[str, Any]:
         try:
-            artifacts = await asyncio.to_thread(self._store.artifact_urls, job.id, job.run)
+            artifacts = await self.threads.store(self._store.artifact_urls, job.id, job.run)
         except StorageError:
             artifacts = {}
         return job.public(artifacts)
@@ -255,7 +257,7 @@ class JobsAPI:
                 job_id = bound  # a retry of a create that failed before its record
         job = self._jobs.new_job(job_id, caller.owner, spec)
         try:
-            created = await asyncio.to_thread(self._jobs.create, job, spec)
+            created = await self.threads.store(self._jobs.create, job, spec)
         except StorageError as exc:
             await self._undo(job, digest)
             raise unavailable("store", exc) from exc
@@ -273,7 +275,7 @@ class JobsAPI:
         was accepted and stays recorded, for that message or the sweep's re-send (after
         ``requeue_after_seconds``) to start it; a worker runs it once either way."""
         try:
-            await asyncio.to_thread(self._queue.enqueue, message)
+            await self.threads.store(self._queue.enqueue, message)
         except MessageTooLarge as exc:  # the broker's own limit is lower than the producer's
             await self._undo(job, digest)
             raise too_large_for_queue(exc) from exc
@@ -297,9 +299,9 @@ class JobsAPI:
         return json_response(await self._public(existing), headers=headers)
 
     async def _undo(self, job: Job, digest: Any) -> None:
-        await asyncio.to_thread(self._jobs.discard, job)
+        await self.threads.store(self._jobs.discard, job)
         if digest is not None:
-            await asyncio.to_thread(self._store.release_idempotency, job.owner, digest.hexdigest())
+            await self.threads.store(self._store.release_idempotency, job.owner, digest.hexdigest())
 
     # -- replay -----------------------------------------------------------------------------
 
@@ -343,7 +345,7 @@ class JobsAPI:
             job = self._jobs.new_job(replay_id, caller.owner, spec)
             job.kind, job.replay_of = "replay", job_id
             try:
-                await asyncio.to_thread(self._jobs.create, job, spec)
+                await self.threads.store(self._jobs.create, job, spec)
             except StorageError as exc:
                 await self._undo(job, None)
                 raise unavailable("store", exc) from exc

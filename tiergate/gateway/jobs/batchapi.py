@@ -16,7 +16,6 @@ enqueued-token limit). Another key's batch is 404.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import tempfile
@@ -238,8 +237,12 @@ class BatchAPI:
         chars_per_token: float,
         max_output: int,
         slots: SpoolSlots,
+        check: Storage,
     ) -> None:
+        """``check``: runs the input's check on the checks' own threads
+        (tiergate.gateway.jobs.threads)."""
         self._settings = settings
+        self._check_on = check
         self._lines = lines
         self._files = files
         self._queue = queue
@@ -377,7 +380,7 @@ class BatchAPI:
             return _json(public(batch), headers)
         await self._storage(self._lines.create, caller.owner, batch, checked.plan, checked.tokens)
         try:
-            await asyncio.to_thread(self._enqueue, caller.owner, batch, checked.plan)
+            await self._storage(self._enqueue, caller.owner, batch, checked.plan)
         except QueueUnavailable as exc:
             await self._storage(self._lines.discard, caller.owner, batch_id)
             raise OpenAIError(
@@ -417,7 +420,7 @@ class BatchAPI:
                 limits.tokens_per_minute if limits is not None else None,
                 self._max_body,
             )
-            checked: _Checked = await asyncio.to_thread(check_input, path, rules)
+            checked: _Checked = await self._check_on(check_input, path, rules)
         if checked.model is not None and not checked.errors:
             try:
                 self._gatekeeper.check_model(caller, checked.model)

@@ -5,7 +5,6 @@ message size) and records the batch; the workers schedule its jobs
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 import uuid
@@ -240,7 +239,7 @@ class BatchesAPI:
             # owner's budget the export slows down rather than failing halfway.
             for rollout in done:
                 record = await reads.read_when_allowed(
-                    caller, asyncio.to_thread, rollout_record, self._store, spec, rollout
+                    caller, self._jobs.threads.store, rollout_record, self._store, spec, rollout
                 )
                 yield orjson.dumps(record) + b"\n"
 

@@ -15,7 +15,6 @@ assistants) are OpenAI features this gateway does not have, and are a 400 that s
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import tempfile
@@ -152,8 +151,12 @@ class FilesAPI:
         reads: Reads,
         slots: SpoolSlots,
         max_line_bytes: int,
+        check: Storage,
     ) -> None:
+        """``check``: runs a file's check on the checks' own threads
+        (tiergate.gateway.jobs.threads)."""
         self._jobs = jobs
+        self._check = check
         # gateway.max_body_bytes: a longer line could never be sent (tiergate.jobs.lines.reading).
         self._max_line_bytes = max_line_bytes
         self._settings = jobs.files
@@ -212,7 +215,7 @@ class FilesAPI:
             if not isinstance(upload, UploadFile):
                 raise OpenAIError(400, "The form has no file field.", param="file")
             with tempfile.NamedTemporaryFile(prefix="tiergate-file-") as copy:
-                lines, size = await asyncio.to_thread(
+                lines, size = await self._check(
                     check_lines, upload.file, copy, s.max_lines, self._max_line_bytes
                 )
                 if size > s.max_file_bytes:

@@ -49,6 +49,7 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.jobs.tarcheck import ArchiveRefused, CheckLimits, CheckStopped, check_tar
 from tiergate.gateway.jobs.taskfile import check_tasks
+from tiergate.gateway.jobs.threads import JobThreads
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.jobsettings import JobsSettings
 
@@ -189,8 +190,10 @@ class Uploads:
         gatekeeper: Gatekeeper,
         storage: Storage,
         slots: SpoolSlots,
+        threads: JobThreads,
     ) -> None:
         self._settings = settings
+        self._threads = threads
         self._store = store
         self._gatekeeper = gatekeeper
         self._storage = storage
@@ -274,7 +277,9 @@ class Uploads:
         gone (looked at every :data:`_DISCONNECT_POLL_SECONDS`) or the gateway closes."""
         cancel = threading.Event()
         self._checks.add(cancel)
-        check = asyncio.ensure_future(asyncio.to_thread(kind.check, spool, self._settings, cancel))
+        check = asyncio.ensure_future(
+            self._threads.check(kind.check, spool, self._settings, cancel)
+        )
         try:
             while not check.done():
                 await asyncio.wait({check}, timeout=_DISCONNECT_POLL_SECONDS)
@@ -307,11 +312,11 @@ class Uploads:
                 raise _too_large(limit, setting)
             pending += chunk
             if len(pending) >= _WRITE_BYTES:
-                await asyncio.to_thread(spool.write, pending)
+                await self._threads.store(spool.write, pending)
                 pending = bytearray()
         if pending:
-            await asyncio.to_thread(spool.write, pending)
-        await asyncio.to_thread(spool.flush)
+            await self._threads.store(spool.write, pending)
+        await self._threads.store(spool.flush)
         return size
 
     # -- the quota --------------------------------------------------------------------------

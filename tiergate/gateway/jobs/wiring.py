@@ -3,7 +3,6 @@ then, so that a gateway without jobs loads neither kafka nor boto3 (nor the job 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tiergate.gateway.access.gatekeeper import Gatekeeper
@@ -11,6 +10,7 @@ from tiergate.gateway.jobs.api import JobsAPI
 from tiergate.gateway.jobs.batchapi import BatchAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.jobs.files import FilesAPI
+from tiergate.gateway.jobs.threads import JobThreads
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.jobs.state.files import FileStore
 from tiergate.jobs.state.store import JobStore
@@ -27,23 +27,20 @@ class JobsWiring:
     files: FilesAPI
     openai_batches: BatchAPI
     queue: JobQueue
-    stream_pool: ThreadPoolExecutor
+    threads: JobThreads
 
     def close(self) -> None:
         self.jobs.close()
         self.queue.close()
-        self.stream_pool.shutdown(wait=False, cancel_futures=True)
+        self.threads.close()
 
 
 def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
     store = JobStore(settings.jobs.storage)
     queue = JobQueue(settings.jobs.kafka)
-    # The job event streams' storage polls, apart from every other route's threads.
-    stream_pool = ThreadPoolExecutor(
-        max_workers=settings.jobs.stream_threads, thread_name_prefix="job-events"
-    )
+    threads = JobThreads(settings.jobs)
     jobs = JobsAPI(
-        settings.jobs, store, queue, gatekeeper, settings.gateway.max_body_bytes, stream_pool
+        settings.jobs, store, queue, gatekeeper, settings.gateway.max_body_bytes, threads
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
     file_store = FileStore(store)
@@ -55,6 +52,7 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         jobs.read,
         jobs.spool_slots,
         settings.gateway.max_body_bytes,
+        threads.check,
     )
     openai_batches = BatchAPI(
         settings.jobs.batch_api,
@@ -68,5 +66,6 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         settings.limits.chars_per_token,
         settings.gateway.max_tokens_limit,
         jobs.spool_slots,
+        threads.check,
     )
-    return JobsWiring(jobs, batches, files, openai_batches, queue, stream_pool)
+    return JobsWiring(jobs, batches, files, openai_batches, queue, threads)
