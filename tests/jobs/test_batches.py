@@ -159,6 +159,37 @@ def test_domains_share_the_slots_by_weight_while_one_takes_ten_times_longer(
     assert final.status == "completed"
 
 
+def test_a_slow_task_never_delays_another_tasks_next_samples(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Issue 51: rounds were batch-wide, so a quick task's next samples waited for the
+    slowest rollout of the round while slots idled. Each task now goes on alone: while the
+    slow task's rollouts still run, the quick tasks' round 2 has started (the round barrier,
+    schedule: rounds, would have started none of it before the slow ones ended)."""
+    quick = [task("quick", f"q{i}", MIXED) for i in range(4)]  # all 4 saturated: 1 in 256
+    tasks = [*quick, task("slow", "s", "sleep 25; touch ok")]
+    with _stack(broker, s3, model, tmp_path) as stack:  # two slots
+        stack.start_worker()
+        with JobsClient(stack.base) as client:
+            batch = client.submit_batch(
+                tasks,
+                samples_per_task=3,
+                rounds=2,
+                max_in_flight=4,
+                domain_weights={"quick": 3, "slow": 1},  # slow holds one slot at most
+            )
+            final = client.wait_batch(batch.id, timeout=300, poll_seconds=0.5)
+            assert final.schedule == "per_task"
+            slow_ended = max(
+                client.get(r.job_id).completed_at or 0 for r in final.rollouts if r.domain == "slow"
+            )
+            second = [r for r in final.rollouts if r.domain == "quick" and r.round == 2]
+            assert second, "every quick task saturated in round 1 (1 in 256): run again"
+            first_second = min(client.get(r.job_id).created_at for r in second)
+    assert first_second < slow_ended - 5, (first_second, slow_ended)
+    assert final.status == "completed"
+
+
 def test_saturated_tasks_get_no_second_round(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from tiergate.jobs.batches.driver import job_id_of
 from tiergate.jobs.batches.export import conversation
 from tiergate.jobs.batches.rewards import normalize
-from tiergate.jobs.batches.schedule import decide
+from tiergate.jobs.batches.schedule import Sample, decide
 from tiergate.protocol.batches import Batch, BatchCreate, Rollout
 
 
@@ -30,6 +30,7 @@ def _batch(spec: BatchCreate) -> Batch:
         created_at=0,
         samples_per_task=spec.samples_per_task,
         rounds=spec.rounds,
+        schedule=spec.schedule,
     )
 
 
@@ -113,6 +114,74 @@ def test_saturated_tasks_get_no_later_round_and_the_skip_says_why() -> None:
     skipped = {(s.task_id, s.reason) for s in batch.skips}
     assert skipped == {("a", "saturated"), ("c", "saturated")}
     assert "all 2 samples passed" in next(s.detail for s in batch.skips if s.task_id == "a")
+
+
+def _record(spec: BatchCreate, batch: Batch, plan_start: list[Sample]) -> None:
+    for s in plan_start:
+        t = spec.tasks[s.task]
+        batch.rollouts.append(
+            Rollout(
+                job_id=job_id_of("b", s.task, s.sample),
+                domain=t.domain,
+                task_id=t.task_id,
+                sample=s.sample,
+                round=s.round,
+            )
+        )
+
+
+def _started(spec: BatchCreate, plan_start: list[Sample]) -> list[tuple[str, int, int]]:
+    return [(spec.tasks[s.task].task_id, s.sample, s.round) for s in plan_start]
+
+
+def test_a_slow_task_never_delays_another_tasks_next_samples() -> None:
+    """Issue 51: with the batch-wide barrier a quick task's round 2 waited for the slowest
+    rollout of round 1; each task now goes on alone. The barrier is kept (schedule:
+    rounds) and still waits, which is what the benchmark compares against."""
+    tasks = [_task("code", "quick"), _task("code", "slow"), _task("docs", "solved")]
+    for schedule, expected in (
+        ("per_task", [("quick", 2, 2), ("quick", 3, 2)]),
+        ("rounds", []),
+    ):
+        spec = _spec(
+            tasks=tasks, samples_per_task=2, rounds=3, max_in_flight=100, schedule=schedule
+        )
+        batch = _batch(spec)
+        _record(spec, batch, decide(spec, batch, cancelled=False).start)
+        # quick's and solved's samples end; slow's two still run.
+        _end(
+            batch,
+            {("quick", 0): True, ("quick", 1): False, ("solved", 0): True, ("solved", 1): True},
+        )
+        plan = decide(spec, batch, cancelled=False)
+        assert _started(spec, plan.start) == expected, schedule
+        saturated = {s.task_id for s in batch.skips if s.reason == "saturated"}
+        assert saturated == ({"solved"} if schedule == "per_task" else set()), schedule
+        assert batch.status == "in_progress"
+    # per_task: quick's round 2 ends while slow still runs: quick's round 3 starts at once.
+    spec = _spec(tasks=tasks, samples_per_task=2, rounds=3, max_in_flight=100)
+    batch = _batch(spec)
+    _record(spec, batch, decide(spec, batch, cancelled=False).start)
+    _end(batch, {("quick", 0): True, ("quick", 1): False, ("solved", 0): True, ("solved", 1): True})
+    _record(spec, batch, decide(spec, batch, cancelled=False).start)
+    _end(batch, {("quick", 2): True, ("quick", 3): False})
+    plan = decide(spec, batch, cancelled=False)
+    assert _started(spec, plan.start) == [("quick", 4, 3), ("quick", 5, 3)]
+    assert batch.round == 3
+    # quick's last round ends: nothing more for it; the batch waits for slow alone.
+    _record(spec, batch, plan.start)
+    _end(batch, {("quick", 4): True, ("quick", 5): True})
+    assert decide(spec, batch, cancelled=False).start == []
+    assert batch.status == "in_progress"
+    # slow's round 1 ends, all failed: saturated on its own; then the batch is complete.
+    _end(batch, {("slow", 0): False, ("slow", 1): False})
+    plan = decide(spec, batch, cancelled=False)
+    assert plan.start == [] and batch.status == "completed"
+    details = {s.task_id: s.detail for s in batch.skips if s.reason == "saturated"}
+    assert details == {
+        "solved": "after round 1: all 2 samples passed",
+        "slow": "after round 1: all 2 samples failed",
+    }
 
 
 def test_domains_share_the_window_by_weight() -> None:

@@ -187,6 +187,13 @@ def batch_submit(
     ],
     samples: Annotated[int, typer.Option("--samples", help="Samples per task")] = 4,
     rounds: Annotated[int, typer.Option(help="Rounds (later ones skip saturated tasks)")] = 1,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="per_task: each task's next round starts when its own ends; rounds: "
+            "every task's once the whole batch's has ended"
+        ),
+    ] = "per_task",
     max_in_flight: Annotated[int, typer.Option(help="Jobs of the batch at once")] = 8,
     max_jobs: Annotated[int | None, typer.Option(help="Budget: jobs sent at most")] = None,
     weight: Annotated[
@@ -201,7 +208,11 @@ def batch_submit(
     from tiergate.jobsclient import batchcommands
 
     weights = {k: float(v) for k, _, v in (w.partition("=") for w in weight or [])}
-    options: dict[str, object] = {"rounds": rounds, "max_in_flight": max_in_flight}
+    options: dict[str, object] = {
+        "rounds": rounds,
+        "schedule": schedule,
+        "max_in_flight": max_in_flight,
+    }
     if weights:
         options["domain_weights"] = weights
     if max_jobs is not None:

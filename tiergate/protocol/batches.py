@@ -40,14 +40,19 @@ class BatchCreate(Strict):
     samples of each in the first round; in each of
     ``rounds - 1`` later rounds a task whose samples so far neither all passed nor all
     failed gets ``samples_per_task`` more (``extra_samples`` to set another number), up to
-    the budget. ``domain_weights`` share the running jobs between domains (1 each when
-    not given); ``max_in_flight`` is how many of the batch's jobs run or wait at once."""
+    the budget. A round is each task's own (``schedule: per_task``, the default): a task's
+    next samples start as soon as its own have ended, whatever the other tasks do;
+    ``schedule: rounds`` waits instead for every rollout of the batch before any next
+    round (the barrier, kept to compare against). ``domain_weights`` share the running
+    jobs between domains (1 each when not given); ``max_in_flight`` is how many of the
+    batch's jobs run or wait at once."""
 
     tasks: list[BatchTask] = Field(default_factory=list, max_length=MAX_BATCH_TASKS)
     tasks_upload_id: str | None = Field(None, pattern=r"^upl_[0-9a-f]{32}$")
     samples_per_task: int = Field(4, ge=1, le=64)
     rounds: int = Field(1, ge=1, le=16)
     extra_samples: int | None = Field(None, ge=1, le=64)
+    schedule: Literal["per_task", "rounds"] = "per_task"
     domain_weights: dict[str, float] = Field(default_factory=dict)
     budget: BatchBudget = Field(default_factory=BatchBudget)
     max_in_flight: int = Field(8, ge=1, le=1024)
@@ -120,6 +125,9 @@ class Batch(BaseModel):
     completed_at: int | None = None
     samples_per_task: int
     rounds: int
+    # per_task: each task goes on to its next round alone; rounds: the whole batch at once.
+    schedule: Literal["per_task", "rounds"] = "rounds"
+    # The furthest round any task has reached (every task's, with the rounds schedule).
     round: int = 1
     # Samples planned per task ("domain/task_id"), once a later round added some.
     planned: dict[str, int] = Field(default_factory=dict)

@@ -82,6 +82,7 @@ class BatchesAPI:
                 created_at=now,
                 samples_per_task=spec.samples_per_task,
                 rounds=spec.rounds,
+                schedule=spec.schedule,
                 metadata=spec.metadata,
             )
             cap = self._jobs.outstanding_cap(caller)

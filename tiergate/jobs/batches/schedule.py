@@ -1,11 +1,15 @@
 """What a batch runs next: a pure decision over the batch's request and its rollouts so far
 (the driver, :mod:`.driver`, reads and writes the store around it).
 
-- **Rounds.** Round 1 plans ``samples_per_task`` samples of every task. When every rollout
-  of a round has ended, each task whose scored samples so far all passed or all failed is
-  *saturated*: it gets no more samples (under group-relative rewards it carries no
-  learning signal), a skip says so; every other task gets ``extra_samples`` more in the
-  next round, up to ``rounds``.
+- **Rounds, each task's own.** Round 1 plans ``samples_per_task`` samples of every task.
+  When every sample a task has started has ended, that task is judged at once: if its
+  scored samples so far all passed or all failed it is *saturated* and gets no more
+  samples (under group-relative rewards it carries no learning signal), a skip says so;
+  otherwise it gets ``extra_samples`` more in its next round, up to ``rounds``. So a slow
+  task holds only its own slots: the quick tasks' next samples start while it runs (with
+  a batch-wide barrier, one task ten times slower than the rest kept the slots idle for
+  most of every round). The batch's ``schedule: rounds`` keeps that barrier, judging every
+  task once every rollout of the batch has ended, to compare against (``tiergate bench``).
 - **Domains share the running jobs by weight.** At most ``max_in_flight`` of the batch's
   jobs wait or run at once; a domain with samples left may hold at most its weight's share
   of them (``ceil(max_in_flight * w / sum of the active domains' w)``), and the
@@ -68,9 +72,11 @@ def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> RoundPlan:
         ]
     if batch.status != "in_progress":
         return plan
+    if batch.schedule == "per_task":
+        _next_rounds_per_task(spec, batch)
     wanted = _wanted(spec, batch)
     if not wanted and all(terminal(r) for r in batch.rollouts):
-        if batch.round < spec.rounds and _next_round(spec, batch):
+        if batch.schedule == "rounds" and batch.round < spec.rounds and _next_round(spec, batch):
             wanted = _wanted(spec, batch)
         else:
             batch.status = "completed"
@@ -113,35 +119,70 @@ def _wanted(spec: BatchCreate, batch: Batch) -> list[Sample]:
     ]
 
 
-def _next_round(spec: BatchCreate, batch: Batch) -> bool:
-    """Close the current round: mark saturated tasks; True if any task gets more samples."""
+def _by_task(batch: Batch) -> dict[tuple[str, str], list[Rollout]]:
     by_task: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
     for rollout in batch.rollouts:
         by_task[(rollout.domain, rollout.task_id)].append(rollout)
-    already = {(s.domain, s.task_id) for s in batch.skips if s.reason == "saturated"}
-    more = False
-    for task in spec.tasks:
-        key = (task.domain, task.task_id)
-        if key in already or task.domain in batch.removed_domains:
-            continue
-        verdicts = [r.passed for r in by_task[key] if r.status in ("completed", "incomplete")]
-        if verdicts and (all(verdicts) or not any(verdicts)):
-            what = "passed" if all(verdicts) else "failed"
-            batch.skips.append(
-                Skip(
-                    domain=task.domain,
-                    task_id=task.task_id,
-                    reason="saturated",
-                    detail=f"after round {batch.round}: all {len(verdicts)} samples {what}",
-                )
+    return by_task
+
+
+def _task_round(spec: BatchCreate, batch: Batch, key: tuple[str, str]) -> int:
+    """The round ``key``'s task has reached (its planned samples' last)."""
+    extra = spec.extra_samples or spec.samples_per_task
+    planned = batch.planned.get(task_key(*key), spec.samples_per_task)
+    return 1 + (planned - spec.samples_per_task) // extra
+
+
+def _judge_task(spec: BatchCreate, batch: Batch, key: tuple[str, str], mine: list[Rollout]) -> bool:
+    """End ``key``'s task's round: saturated (a skip says why), or its next round's samples
+    planned (True)."""
+    reached = _task_round(spec, batch, key)
+    verdicts = [r.passed for r in mine if r.status in ("completed", "incomplete")]
+    if verdicts and (all(verdicts) or not any(verdicts)):
+        what = "passed" if all(verdicts) else "failed"
+        batch.skips.append(
+            Skip(
+                domain=key[0],
+                task_id=key[1],
+                reason="saturated",
+                detail=f"after round {reached}: all {len(verdicts)} samples {what}",
             )
-        else:
-            more = True
-            planned = batch.planned.get(task_key(*key), spec.samples_per_task)
-            batch.planned[task_key(*key)] = planned + (spec.extra_samples or spec.samples_per_task)
-    if more:
-        batch.round += 1
+        )
+        return False
+    planned = batch.planned.get(task_key(*key), spec.samples_per_task)
+    batch.planned[task_key(*key)] = planned + (spec.extra_samples or spec.samples_per_task)
+    batch.round = max(batch.round, reached + 1)
+    return True
+
+
+def _open_tasks(spec: BatchCreate, batch: Batch) -> list[tuple[str, str]]:
+    """The tasks that may still get samples: not saturated, their domain not removed."""
+    already = {(s.domain, s.task_id) for s in batch.skips if s.reason == "saturated"}
+    keys = [(t.domain, t.task_id) for t in spec.tasks]
+    return [k for k in keys if k not in already and k[0] not in batch.removed_domains]
+
+
+def _next_round(spec: BatchCreate, batch: Batch) -> bool:
+    """The barrier (``schedule: rounds``): every rollout has ended; judge every task. True
+    if any task gets more samples."""
+    by_task = _by_task(batch)
+    more = False
+    for key in _open_tasks(spec, batch):
+        more = _judge_task(spec, batch, key, by_task[key]) or more
     return more
+
+
+def _next_rounds_per_task(spec: BatchCreate, batch: Batch) -> None:
+    """Each task on its own (``schedule: per_task``): a task whose planned samples have all
+    started and ended, below its last round, is judged now."""
+    by_task = _by_task(batch)
+    for key in _open_tasks(spec, batch):
+        mine = by_task[key]
+        planned = batch.planned.get(task_key(*key), spec.samples_per_task)
+        if len(mine) < planned or not all(terminal(r) for r in mine):
+            continue  # samples still to start or running: its round goes on
+        if _task_round(spec, batch, key) < spec.rounds:
+            _judge_task(spec, batch, key, mine)
 
 
 def _over_budget(spec: BatchCreate, batch: Batch) -> str | None:
