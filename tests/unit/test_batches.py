@@ -4,6 +4,7 @@ scheduler's decisions (rounds, saturation, weights, budget, cancel, failing doma
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -244,3 +245,79 @@ def test_the_conversation_is_what_the_agent_sent() -> None:
     assert messages[3]["content"] == "exit status 0\na\n"
     assert messages[5]["content"].startswith("No command found.")
     assert messages[-1]["content"] == "DONE"
+
+
+def _scored(batch: Batch, domain: str, passes: list[bool], start: int = 0) -> None:
+    for i, passed in enumerate(passes):
+        batch.rollouts.append(
+            Rollout(
+                job_id=f"{domain}-{start + i}",
+                domain=domain,
+                task_id=f"t{start + i}",
+                sample=0,
+                round=1,
+                status="completed",
+                passed=passed,
+                reward=1.0 if passed else 0.0,
+            )
+        )
+
+
+def test_adaptive_weights_move_toward_the_target_band_and_never_starve_a_domain() -> None:
+    """Issue 51: domain weights were fixed at submit. With ``adaptive``, a domain inside the
+    pass-rate band gains weight, a solved or hopeless one loses it, within the bounds, and
+    every change is recorded with its reason."""
+    tasks = [_task(d, f"x{i}") for d in ("easy", "mid", "hard") for i in range(40)]
+    adaptive = {"every": 4, "step": 2, "min_factor": 0.25, "max_factor": 4}
+    spec = _spec(tasks=tasks, samples_per_task=1, max_in_flight=12, adaptive=adaptive)
+    batch = _batch(spec)
+    for n in range(3):  # three weighings of four scored rollouts each
+        _scored(batch, "easy", [True] * 4, start=4 * n)
+        _scored(batch, "mid", [True, False] * 2, start=4 * n)
+        _scored(batch, "hard", [False] * 4, start=4 * n)
+        decide(spec, batch, cancelled=False)
+    assert batch.weight_factors == {"easy": 0.25, "mid": 4.0, "hard": 0.25}
+    changes = [(c.domain, c.previous, c.factor) for c in batch.weight_changes]
+    assert changes == [
+        ("easy", 1.0, 0.5),
+        ("hard", 1.0, 0.5),
+        ("mid", 1.0, 2.0),
+        ("easy", 0.5, 0.25),
+        ("hard", 0.5, 0.25),
+        ("mid", 2.0, 4.0),
+    ]  # the third weighing: every domain at its bound, nothing changes
+    reasons = {c.domain: c.reason for c in batch.weight_changes}
+    assert "pass rate 100% outside the target [20%, 80%] (solved)" in reasons["easy"]
+    assert "(hopeless)" in reasons["hard"] and "inside the target" in reasons["mid"]
+    # The next samples: mid holds most of the window, the others one slot each, not none.
+    shares = Counter(spec.tasks[s.task].domain for s in decide(spec, batch, False).start)
+    assert shares["mid"] > shares["easy"] >= 1 and shares["hard"] >= 1, shares
+    # A domain back inside the band gains again.
+    _scored(batch, "easy", [True, False, True, False], start=12)
+    decide(spec, batch, cancelled=False)
+    assert batch.weight_factors["easy"] == 0.5
+
+
+def test_extra_samples_go_first_to_the_tasks_whose_rewards_vary_most() -> None:
+    tasks = [_task("code", "flat"), _task("code", "split")]
+    for adaptive in ({"every": 1000}, None):
+        spec = _spec(tasks=tasks, samples_per_task=2, rounds=2, max_in_flight=2, adaptive=adaptive)
+        batch = _batch(spec)
+        _record(spec, batch, decide(spec, batch, cancelled=False).start)  # flat's two
+        _end(batch, {("flat", 0): True, ("flat", 1): False})
+        for r in batch.rollouts:  # rewards 0.6 and 0.4: mixed, variance 0.01
+            r.reward = 0.6 if r.passed else 0.4
+        plan = decide(spec, batch, cancelled=False)
+        if adaptive is None:  # the planned order, task by task: flat's extra samples
+            assert _started(spec, plan.start) == [("flat", 2, 2), ("flat", 3, 2)]
+            continue
+        assert _started(spec, plan.start) == [("split", 0, 1), ("split", 1, 1)]  # round 1 first
+        _record(spec, batch, plan.start)
+        _end(batch, {("split", 0): True, ("split", 1): False})  # rewards 1 and 0: variance 0.25
+        plan = decide(spec, batch, cancelled=False)
+        assert _started(spec, plan.start) == [("split", 2, 2), ("split", 3, 2)]
+        allocations = {(a.task_id, a.round): a.reason for a in batch.allocations}
+        assert allocations == {
+            ("flat", 2): "1 of 2 scored samples passed (reward variance 0.010)",
+            ("split", 2): "1 of 2 scored samples passed (reward variance 0.250)",
+        }

@@ -34,6 +34,30 @@ class BatchBudget(Strict):
     max_tokens: int | None = Field(None, ge=1)
 
 
+class AdaptiveSampling(Strict):
+    """Sampling that follows the signal (optional; off when absent). Each time
+    ``every`` more of a domain's rollouts have been scored, its weight's factor is
+    multiplied by ``step`` if the pass rate of its latest ``every`` scored rollouts is
+    inside ``target_pass_rate`` (neither solved nor hopeless), divided by it otherwise,
+    kept within ``[min_factor, max_factor]`` (a domain with samples left always keeps at
+    least one slot, so none starves). With ``variance_first``, a domain's extra samples go
+    first to the tasks whose rewards so far vary most (round 1's samples before any)."""
+
+    target_pass_rate: tuple[float, float] = (0.2, 0.8)
+    every: int = Field(8, ge=1, le=10_000)
+    step: float = Field(1.5, gt=1, le=10)
+    min_factor: float = Field(0.25, gt=0, le=1)
+    max_factor: float = Field(4.0, ge=1, le=100)
+    variance_first: bool = True
+
+    @model_validator(mode="after")
+    def _band(self) -> AdaptiveSampling:
+        low, high = self.target_pass_rate
+        if not 0 <= low < high <= 1:
+            raise ValueError("target_pass_rate: [low, high] with 0 <= low < high <= 1")
+        return self
+
+
 class BatchCreate(Strict):
     """A batch: ``tasks`` inline, or ``tasks_upload_id``, a JSON-lines file of them
     uploaded with ``POST /v1/jobs/batches/tasks`` (one task a line); ``samples_per_task``
@@ -53,6 +77,7 @@ class BatchCreate(Strict):
     rounds: int = Field(1, ge=1, le=16)
     extra_samples: int | None = Field(None, ge=1, le=64)
     schedule: Literal["per_task", "rounds"] = "per_task"
+    adaptive: AdaptiveSampling | None = None
     domain_weights: dict[str, float] = Field(default_factory=dict)
     budget: BatchBudget = Field(default_factory=BatchBudget)
     max_in_flight: int = Field(8, ge=1, le=1024)
@@ -113,6 +138,27 @@ class Skip(BaseModel):
     detail: str
 
 
+class WeightChange(BaseModel):
+    """A domain's weight factor moved (``adaptive``), and why."""
+
+    domain: str
+    previous: float
+    factor: float
+    pass_rate: float
+    scored: int
+    reason: str
+
+
+class Allocation(BaseModel):
+    """A task's next round planned: how many samples, and why."""
+
+    domain: str
+    task_id: str
+    round: int
+    samples: int
+    reason: str
+
+
 class Batch(BaseModel):
     """The batch as its owner reads it: status, counts, per-domain and per-task figures
     (``stats``), the skips, and each rollout."""
@@ -136,6 +182,12 @@ class Batch(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     tokens: int = 0
     skips: list[Skip] = Field(default_factory=list)
+    allocations: list[Allocation] = Field(default_factory=list)
+    # adaptive: each domain's factor on its weight, every change of it, and how many of
+    # its rollouts were scored when it was last weighed.
+    weight_factors: dict[str, float] = Field(default_factory=dict)
+    weight_changes: list[WeightChange] = Field(default_factory=list)
+    weighed_at: dict[str, int] = Field(default_factory=dict)
     rollouts: list[Rollout] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
 

@@ -32,7 +32,8 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from tiergate.protocol.batches import Batch, BatchCreate, Rollout, Skip
+from tiergate.jobs.batches.adapt import reweigh, variance, weight
+from tiergate.protocol.batches import Allocation, Batch, BatchCreate, Rollout, Skip
 
 INFRA_FAILURES = ("environment_unavailable", "sandbox", "environment_not_found")
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -88,6 +89,7 @@ def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> RoundPlan:
         if all(terminal(r) for r in batch.rollouts):
             batch.status = "completed"
         return plan
+    reweigh(spec, batch)
     plan.start = _fill(spec, batch, wanted)
     return plan
 
@@ -150,8 +152,18 @@ def _judge_task(spec: BatchCreate, batch: Batch, key: tuple[str, str], mine: lis
         )
         return False
     planned = batch.planned.get(task_key(*key), spec.samples_per_task)
-    batch.planned[task_key(*key)] = planned + (spec.extra_samples or spec.samples_per_task)
+    extra = spec.extra_samples or spec.samples_per_task
+    batch.planned[task_key(*key)] = planned + extra
     batch.round = max(batch.round, reached + 1)
+    passed = sum(1 for v in verdicts if v)
+    why = (
+        f"{passed} of {len(verdicts)} scored samples passed (reward variance {variance(mine):.3f})"
+        if verdicts
+        else "no sample scored yet"
+    )
+    batch.allocations.append(
+        Allocation(domain=key[0], task_id=key[1], round=reached + 1, samples=extra, reason=why)
+    )
     return True
 
 
@@ -202,23 +214,42 @@ def _fill(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Sample]
     if spec.budget.max_jobs is not None:
         room = min(room, spec.budget.max_jobs - len(batch.rollouts))
     queues: dict[str, list[Sample]] = defaultdict(list)
-    for sample in wanted:
+    for sample in _ordered(spec, batch, wanted):
         queues[spec.tasks[sample.task].domain].append(sample)
-    weight = {d: spec.domain_weights.get(d, 1.0) for d in queues}
-    total = sum(weight.values())
+    weights = {d: weight(spec, batch, d) for d in queues}
+    total = sum(weights.values())
     # Rounded up, so that the caps leave no room of the window unused (the window itself
-    # bounds the sum); the next sample goes to the fewest in flight for its weight.
-    cap = {d: max(1, math.ceil(spec.max_in_flight * weight[d] / total)) for d in queues}
+    # bounds the sum), and at least one, so that no domain with samples left starves; the
+    # next sample goes to the fewest in flight for its weight.
+    cap = {d: max(1, math.ceil(spec.max_in_flight * weights[d] / total)) for d in queues}
     start: list[Sample] = []
     while room > 0:
         open_ = [d for d in queues if queues[d] and in_flight[d] < cap[d]]
         if not open_:
             break
-        domain = min(open_, key=lambda d: (in_flight[d] / weight[d], d))
+        domain = min(open_, key=lambda d: (in_flight[d] / weights[d], d))
         start.append(queues[domain].pop(0))
         in_flight[domain] += 1
         room -= 1
     return start
+
+
+def _ordered(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Sample]:
+    """``wanted`` in the order they should start: as planned (task by task), or with
+    ``adaptive.variance_first`` round 1's samples first, then the extra samples of the
+    tasks whose rewards vary most."""
+    if spec.adaptive is None or not spec.adaptive.variance_first:
+        return wanted
+    by_task = _by_task(batch)
+    spreads: dict[int, float] = {}
+
+    def spread(sample: Sample) -> float:
+        if sample.task not in spreads:
+            task = spec.tasks[sample.task]
+            spreads[sample.task] = variance(by_task[(task.domain, task.task_id)])
+        return spreads[sample.task]
+
+    return sorted(wanted, key=lambda s: (s.round > 1, -spread(s) if s.round > 1 else 0.0))
 
 
 def _remove_failing_domains(batch: Batch) -> None:
