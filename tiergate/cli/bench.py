@@ -440,3 +440,44 @@ def bench_fairness_cmd(
     )
     if not met:
         raise typer.Exit(1)
+
+
+@bench_app.command("rollouts")
+def bench_rollouts_cmd(
+    tasks: Annotated[int, typer.Option(min=2, help="Tasks in the batch")] = 40,
+    slow_share: Annotated[
+        float, typer.Option(min=0.0, max=0.5, help="Of the tasks, the slow ones")
+    ] = 0.05,
+    slow_factor: Annotated[
+        float, typer.Option(min=1.0, help="A slow rollout against the median one")
+    ] = 10.0,
+    samples: Annotated[int, typer.Option(min=2, help="Samples per task and round")] = 4,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds at most")] = 3,
+    workers: Annotated[int, typer.Option(min=1, help="Workers (2 slots each)")] = 2,
+    short: Annotated[bool, typer.Option("--short", help="A small batch, for a quick look")] = False,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """A heavy-tailed rollout batch on servers of its own (broker, store, workers,
+    gateway, the stand-in model), once with each task going on alone and once with the
+    round barrier: complete groups per minute, slot utilization, time to the first groups.
+    Writes rollouts-bench.md/.json/.png."""
+    from tiergate.bench.rollouts.bench import SHORT, RolloutBenchParams, run_rollouts_benchmark
+    from tiergate.bench.rollouts.report import chart
+
+    params = (
+        SHORT
+        if short
+        else RolloutBenchParams(
+            tasks=tasks,
+            slow_share=slow_share,
+            slow_factor=slow_factor,
+            samples=samples,
+            rounds=rounds,
+            workers=workers,
+        )
+    )
+    report = run_rollouts_benchmark(out, params)
+    try:
+        chart(report, out / "rollouts-bench.png")
+    except ModuleNotFoundError:  # the chart is the bench extra's (pip install tiergate[bench])
+        typer.echo("[bench rollouts] no chart: matplotlib is not installed", err=True)

@@ -1,0 +1,2 @@
+"""``tiergate bench rollouts``: a heavy-tailed rollout batch with the round barrier and
+without, on one stack in one run."""
