@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,16 @@ def test_domains_share_the_slots_by_weight_while_one_takes_ten_times_longer(
     assert final.status == "completed"
 
 
-def test_a_slow_task_never_delays_another_tasks_next_samples(
+def test_a_slow_task_never_delays_another_tasks_next_samples_and_groups_stream_at_once(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:
     """Issue 51: rounds were batch-wide, so a quick task's next samples waited for the
     slowest rollout of the round while slots idled. Each task now goes on alone: while the
     slow task's rollouts still run, the quick tasks' round 2 has started (the round barrier,
-    schedule: rounds, would have started none of it before the slow ones ended)."""
+    schedule: rounds, would have started none of it before the slow ones ended). And a
+    trainer takes each complete group (a task's samples of one round) once, while the
+    batch runs, from the paged JSON lines or the Server-Sent Events, resuming after the
+    last it took."""
     quick = [task("quick", f"q{i}", MIXED) for i in range(4)]  # all 4 saturated: 1 in 256
     tasks = [*quick, task("slow", "s", "sleep 25; touch ok")]
     with _stack(broker, s3, model, tmp_path) as stack:  # two slots
@@ -178,7 +182,10 @@ def test_a_slow_task_never_delays_another_tasks_next_samples(
                 max_in_flight=4,
                 domain_weights={"quick": 3, "slow": 1},  # slow holds one slot at most
             )
-            final = client.wait_batch(batch.id, timeout=300, poll_seconds=0.5)
+            taken = [
+                (g, time.time()) for g in client.groups(batch.id, poll_seconds=0.5, timeout=300)
+            ]
+            final = client.wait_batch(batch.id, timeout=60, poll_seconds=0.5)
             assert final.schedule == "per_task"
             slow_ended = max(
                 client.get(r.job_id).completed_at or 0 for r in final.rollouts if r.domain == "slow"
@@ -186,8 +193,41 @@ def test_a_slow_task_never_delays_another_tasks_next_samples(
             second = [r for r in final.rollouts if r.domain == "quick" and r.round == 2]
             assert second, "every quick task saturated in round 1 (1 in 256): run again"
             first_second = min(client.get(r.job_id).created_at for r in second)
+        resumed = _group_events(stack.base, batch.id, last_event_id=2)
     assert first_second < slow_ended - 5, (first_second, slow_ended)
     assert final.status == "completed"
+    # Every group once, in order, each with its round's samples; the first ones taken
+    # while the slow task still ran.
+    rounds = {(r.task_id, r.round) for r in final.rollouts}
+    assert [g["seq"] for g, _ in taken] == list(range(1, len(rounds) + 1))
+    assert {(g["task_id"], g["round"]) for g, _ in taken} == rounds
+    for group, _ in taken:
+        ids = {s["job_id"] for s in group["samples"]}
+        assert ids == {
+            r.job_id
+            for r in final.rollouts
+            if (r.task_id, r.round) == (group["task_id"], group["round"])
+        }
+        assert all(s["messages"] for s in group["samples"])  # each sample's conversation
+    assert taken[0][1] < slow_ended - 5, (taken[0][1], slow_ended)
+    # The events resume after Last-Event-ID: the groups after the second, then the end.
+    assert [e.get("seq") for e in resumed[:-1]] == [g["seq"] for g, _ in taken[2:]]
+    assert resumed[-1]["type"] == "batch.completed"
+
+
+def _group_events(base: str, batch_id: str, last_event_id: int) -> list[dict[str, Any]]:
+    events = []
+    url = f"{base}/v1/jobs/batches/{batch_id}/groups/events"
+    headers = {"last-event-id": str(last_event_id)}
+    with httpx.stream("GET", url, headers=headers, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            events.append(json.loads(line[len("data: ") :]))
+    return events
 
 
 def test_saturated_tasks_get_no_second_round(

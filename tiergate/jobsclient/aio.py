@@ -121,6 +121,30 @@ class AsyncJobsClient(wire.Client[httpx.AsyncClient]):
     async def rollouts(self, batch_id: str) -> builtins.list[dict[str, Any]]:
         return await self._call(wire.batch_rollouts(batch_id))
 
+    async def groups(
+        self,
+        batch_id: str,
+        starting_after: int = 0,
+        poll_seconds: float = 2.0,
+        timeout: float | None = None,  # noqa: ASYNC109 (JobsClient.groups' signature)
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Like :meth:`JobsClient.groups`: ``async for group in client.groups(batch_id)``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        after = starting_after
+        while True:
+            page = await self._call(wire.batch_groups(batch_id, after))
+            for group in page.groups:
+                after = group["seq"]
+                yield group
+            if page.groups:
+                continue
+            if page.ended:
+                return
+            if deadline is not None and loop.time() > deadline:
+                raise JobsTimeout(batch_id, timeout or 0.0, "in_progress")
+            await asyncio.sleep(poll_seconds)
+
     async def wait_batch(
         self,
         batch_id: str,

@@ -137,6 +137,31 @@ class JobsClient(wire.Client[httpx.Client]):
         """The batch's finished rollouts, as the export's JSON lines (one dict each)."""
         return self._call(wire.batch_rollouts(batch_id))
 
+    def groups(
+        self,
+        batch_id: str,
+        starting_after: int = 0,
+        poll_seconds: float = 2.0,
+        timeout: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Each complete group of the batch once, as it completes (one task's samples of
+        one round, with their records and rewards normalized within the group), until the
+        batch has ended and every group was read. Resume with the last group's ``seq``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after = starting_after
+        while True:
+            page = self._call(wire.batch_groups(batch_id, after))
+            for group in page.groups:
+                after = group["seq"]
+                yield group
+            if page.groups:
+                continue
+            if page.ended:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobsTimeout(batch_id, timeout or 0.0, "in_progress")
+            time.sleep(poll_seconds)
+
     def wait_batch(
         self,
         batch_id: str,

@@ -147,6 +147,28 @@ def batch_rollouts(batch_id: str) -> Call[list[dict[str, Any]]]:
     return Call("GET", f"/v1/jobs/batches/{batch_id}/rollouts", _lines)
 
 
+@dataclass(frozen=True)
+class GroupPage:
+    """A page of a batch's complete groups, and whether the batch had ended when it was
+    read (then a page with nothing new is the last)."""
+
+    groups: list[dict[str, Any]]
+    ended: bool
+
+
+def _group_page(response: httpx.Response) -> GroupPage:
+    status = response.headers.get("x-tiergate-batch-status", "in_progress")
+    return GroupPage(_lines(response), status != "in_progress")
+
+
+GROUP_PAGE = 100
+
+
+def batch_groups(batch_id: str, starting_after: int) -> Call[GroupPage]:
+    params = {"starting_after": starting_after, "limit": GROUP_PAGE}
+    return Call("GET", f"/v1/jobs/batches/{batch_id}/groups", _group_page, params=params)
+
+
 def stream(opts: Options, follow: Follow) -> dict[str, Any]:
     """The arguments (after the HTTP client) of ``connect_sse`` or ``aconnect_sse`` for the
     next connection of ``follow``'s event stream."""

@@ -159,6 +159,18 @@ class Allocation(BaseModel):
     reason: str
 
 
+class GroupRef(BaseModel):
+    """A complete group: one task's samples of one round, all ended (or the batch ended
+    before its round did). ``seq`` counts the batch's groups in the order they completed,
+    from 1: a reader resumes after the last it took (``starting_after``)."""
+
+    seq: int
+    domain: str
+    task_id: str
+    round: int
+    completed_at: float
+
+
 class Batch(BaseModel):
     """The batch as its owner reads it: status, counts, per-domain and per-task figures
     (``stats``), the skips, and each rollout."""
@@ -188,6 +200,7 @@ class Batch(BaseModel):
     weight_factors: dict[str, float] = Field(default_factory=dict)
     weight_changes: list[WeightChange] = Field(default_factory=list)
     weighed_at: dict[str, int] = Field(default_factory=dict)
+    groups: list[GroupRef] = Field(default_factory=list)
     rollouts: list[Rollout] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
 

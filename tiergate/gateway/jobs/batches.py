@@ -25,10 +25,12 @@ from tiergate.gateway.jobs.taskfile import TaskSummary, write_request
 from tiergate.gateway.jobs.uploads import BATCH_TASKS
 from tiergate.gateway.openai.selection import parse_body, read_body
 from tiergate.jobs.batches.export import rollout_record
+from tiergate.jobs.batches.groups import members
+from tiergate.jobs.batches.groups import record as group_record
 from tiergate.jobs.batches.store import BatchStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsettings import JobsSettings
-from tiergate.protocol.batches import Batch, BatchCreate, BatchTask
+from tiergate.protocol.batches import Batch, BatchCreate, BatchTask, GroupRef
 
 # A task's own metadata leaves room for the four keys a batch's job gets (batch_id, ...).
 MAX_TASK_METADATA = 12
@@ -245,3 +247,53 @@ class BatchesAPI:
                 yield orjson.dumps(record) + b"\n"
 
         return StreamingResponse(lines(), media_type="application/jsonl")
+
+    async def _group(
+        self, caller: Caller, spec: BatchCreate | None, batch: Batch, ref: GroupRef
+    ) -> dict[str, Any]:
+        """One group's record; each sample's record is a read of its own, paid for as it
+        goes (past the owner's budget the reader slows down rather than failing)."""
+        rollouts = members(batch, ref)
+        samples = [
+            await self._jobs.reads.read_when_allowed(
+                caller, self._jobs.threads.store, rollout_record, self._store, spec, rollout
+            )
+            for rollout in rollouts
+        ]
+        return group_record(ref, rollouts, samples)
+
+    async def groups(
+        self, request: Request, batch_id: str, starting_after: int, limit: int
+    ) -> Response:
+        """The complete groups after ``starting_after``, at most ``limit``, as JSON lines
+        (tiergate.jobs.batches.groups)."""
+        caller = self._jobs.caller(request)
+        batch = await self._owned(request, batch_id)
+        spec = await self._jobs.read(caller, self._batches.request, batch.owner, batch.id)
+        refs = [g for g in batch.groups if g.seq > starting_after][:limit]
+
+        async def lines() -> AsyncIterator[bytes]:
+            for ref in refs:
+                yield orjson.dumps(await self._group(caller, spec, batch, ref)) + b"\n"
+
+        # A reader pages until a page is empty and the batch has ended (its last groups
+        # are recorded in the same write as its end).
+        ended = batch.completed_at is not None
+        headers = {
+            "x-tiergate-batch-status": batch.status if ended else "in_progress",
+            "x-tiergate-batch-groups": str(len(batch.groups)),
+        }
+        return StreamingResponse(lines(), media_type="application/jsonl", headers=headers)
+
+    async def group_events(self, request: Request, batch_id: str, starting_after: int) -> Response:
+        """Server-Sent Events: each group once as it completes, then the batch's end."""
+        caller = self._jobs.caller(request)
+        batch = await self._owned(request, batch_id)
+        spec = await self._jobs.read(caller, self._batches.request, batch.owner, batch.id)
+
+        async def build(current: Batch, ref: GroupRef) -> dict[str, Any]:
+            return await self._group(caller, spec, current, ref)
+
+        return await self._jobs.streams.open_batch_groups(
+            caller, self._batches.state_reader(batch.owner, batch.id), starting_after, build
+        )

@@ -12,15 +12,15 @@ a key's streams from slowing every other tenant:
 - every read is charged to the owner's read budget (tiergate.gateway.access.readcost): the
   first one, before the response starts, is a 429 past it, and the polls after it wait
   for the budget instead, so a key's streams slow down together and never another key's;
-- they run on a bounded thread pool of their own (``jobs.stream_threads``, made in the
-  app's lifespan), never the default executor that creates, reads and uploads use: a
-  thousand streams queue behind each other, not in front of a submit.
+- they run on a bounded thread pool of their own (``jobs.stream_threads``,
+  tiergate.gateway.jobs.threads), never the storage threads that creates, reads and
+  uploads use: a thousand streams queue behind each other, not in front of a submit.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -33,6 +33,7 @@ from tiergate.gateway.access.readcost import ReadBudget
 from tiergate.gateway.errors import OpenAIError
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.protocol import TERMINAL_EVENTS, TERMINAL_STATUSES, Batch
+from tiergate.protocol.batches import GroupRef
 
 FIRST_POLL_SECONDS = 0.5
 MAX_POLL_SECONDS = 4.0
@@ -147,6 +148,56 @@ class EventStreams:
                 sent.add(rollout.job_id)
                 event = {"type": "batch.rollout", **rollout.model_dump(mode="json")}
                 yield b"data: " + orjson.dumps(event) + b"\n\n"
+            if batch.status != "in_progress" and batch.completed_at is not None:
+                done = {"type": f"batch.{batch.status}", "batch": batch.public()}
+                yield b"data: " + orjson.dumps(done) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            if fresh:
+                idle = 0.0
+            elif idle >= KEEPALIVE_SECONDS:
+                idle = 0.0
+                yield b": keep-alive\n\n"
+            await asyncio.sleep(delay)
+            idle += delay
+            try:
+                batch = await self._poll(caller, read)
+            except StorageError as exc:
+                err = self._unavailable("store", exc)
+                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
+                return
+            delay = next_poll(delay, bool(fresh))
+
+    async def open_batch_groups(
+        self,
+        caller: Caller,
+        read: Callable[[], Batch | None],
+        after: int,
+        build: Callable[[Batch, GroupRef], Awaitable[dict[str, Any]]],
+    ) -> StreamingResponse:
+        """A batch's groups as they complete (``batch.group``, each once, in ``seq``
+        order, after ``after``; the event's ``id`` is the ``seq``), then ``batch.<status>``
+        and ``[DONE]`` once the batch ended and every group was sent. ``build``: a group's
+        record. The same per-key cap and backoff as a job's stream."""
+        release, first = await self._first(caller, read)
+        return _SlotResponse(self._groups_stream(caller, read, first, after, build), release)
+
+    async def _groups_stream(
+        self,
+        caller: Caller,
+        read: Callable[[], Batch | None],
+        batch: Batch | None,
+        after: int,
+        build: Callable[[Batch, GroupRef], Awaitable[dict[str, Any]]],
+    ) -> AsyncIterator[bytes]:
+        delay = FIRST_POLL_SECONDS
+        idle = 0.0
+        while batch is not None:
+            fresh = [g for g in batch.groups if g.seq > after]
+            for ref in fresh:
+                event = {"type": "batch.group", **(await build(batch, ref))}
+                after = ref.seq
+                yield f"id: {ref.seq}\n".encode() + b"data: " + orjson.dumps(event) + b"\n\n"
             if batch.status != "in_progress" and batch.completed_at is not None:
                 done = {"type": f"batch.{batch.status}", "batch": batch.public()}
                 yield b"data: " + orjson.dumps(done) + b"\n\n"

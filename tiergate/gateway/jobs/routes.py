@@ -103,6 +103,31 @@ def register_job_routes(
         against ``jobs.max_streams_per_key`` like a job's stream."""
         return await batches(request).events(request, batch_id)
 
+    @app.get("/v1/jobs/batches/{batch_id}/groups", tags=["jobs"], responses=errors)
+    async def batch_groups(
+        request: Request,
+        batch_id: str,
+        starting_after: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Response:
+        """The batch's complete groups (one task's samples of one round) after
+        ``starting_after`` (a group's ``seq``), at most ``limit``, as JSON lines, each
+        with its samples' records and their rewards normalized within the group. The
+        headers say the batch's status and how many groups it has so far."""
+        return await batches(request).groups(request, batch_id, starting_after, limit)
+
+    @app.get("/v1/jobs/batches/{batch_id}/groups/events", tags=["jobs"], responses=errors)
+    async def batch_group_events(
+        request: Request, batch_id: str, starting_after: Annotated[int, Query(ge=0)] = 0
+    ) -> Response:
+        """Server-Sent Events: ``batch.group`` as each group completes (every one after
+        ``starting_after`` on connecting; each event's ``id`` is its ``seq``, and a
+        ``Last-Event-ID`` header resumes after it), then ``batch.<status>`` and
+        ``[DONE]``; counted against ``jobs.max_streams_per_key``."""
+        last = request.headers.get("last-event-id", "")
+        after = max(starting_after, int(last) if last.isdigit() else 0)
+        return await batches(request).group_events(request, batch_id, after)
+
     @app.get("/v1/jobs/batches/{batch_id}/rollouts", tags=["jobs"], responses=errors)
     async def batch_rollouts(request: Request, batch_id: str) -> Response:
         """The finished rollouts as JSON lines, in TRL's conversational shapes."""

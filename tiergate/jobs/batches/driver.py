@@ -20,6 +20,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from tiergate.jobs.batches.groups import close as close_groups
 from tiergate.jobs.batches.metrics import BatchMetrics
 from tiergate.jobs.batches.rewards import group_stats, normalize, scored
 from tiergate.jobs.batches.schedule import Sample, decide, terminal
@@ -150,6 +151,7 @@ class BatchDriver:
             batch.rollouts.append(self._start(spec, batch, sample))
         summarize(batch)
         ended = batch.status != "in_progress" and all(terminal(r) for r in batch.rollouts)
+        close_groups(spec, batch, time.time())
         if ended and batch.completed_at is None:
             batch.completed_at = int(time.time())
         # Written only when it changed: a batch of many rollouts is one object, and most
