@@ -321,3 +321,51 @@ def test_extra_samples_go_first_to_the_tasks_whose_rewards_vary_most() -> None:
             ("flat", 2): "1 of 2 scored samples passed (reward variance 0.010)",
             ("split", 2): "1 of 2 scored samples passed (reward variance 0.250)",
         }
+
+
+def test_a_rollout_far_over_its_domains_median_is_cut_once_and_never_scored() -> None:
+    """Issue 51: a straggler held its slot as long as it ran. With ``tail_cut`` a rollout
+    over that many times its domain's median is cancelled, and the skip says why."""
+    spec = _spec(tasks=[_task("code", f"t{i}") for i in range(7)], samples_per_task=1, tail_cut=3)
+    batch = _batch(spec)
+    for i in range(5):  # five scored rollouts of 2 s: the median
+        batch.rollouts.append(
+            Rollout(
+                job_id=f"done-{i}",
+                domain="code",
+                task_id=f"t{i}",
+                sample=0,
+                round=1,
+                status="completed",
+                passed=True,
+                reward=1.0,
+                started_at=100,
+                ended_at=102,
+            )
+        )
+    for name, started in (("slow", 100), ("fine", 104)):
+        batch.rollouts.append(
+            Rollout(
+                job_id=name,
+                domain="code",
+                task_id="t5" if name == "slow" else "t6",
+                sample=0,
+                round=1,
+                status="running",
+                started_at=started,
+            )
+        )
+    plan = decide(spec, batch, cancelled=False, now=108.0)  # slow held 8 s > 3 x 2 s
+    assert plan.cancel == ["slow"] and batch.cut == ["slow"]
+    skip = next(s for s in batch.skips if s.reason == "tail_cut")
+    assert skip.task_id == "t5"
+    assert (
+        skip.detail
+        == "sample 0 (round 1) held its slot 8 s, over 3x its domain's median rollout (2 s)"
+    )
+    assert decide(spec, batch, cancelled=False, now=109.0).cancel == []  # once
+    # Without tail_cut nothing is cut, whatever the time.
+    plain = _spec(tasks=[_task("code", f"t{i}") for i in range(7)], samples_per_task=1)
+    other = _batch(plain)
+    other.rollouts = [r.model_copy() for r in batch.rollouts]
+    assert decide(plain, other, cancelled=False, now=1000.0).cancel == []

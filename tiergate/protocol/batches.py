@@ -78,6 +78,10 @@ class BatchCreate(Strict):
     extra_samples: int | None = Field(None, ge=1, le=64)
     schedule: Literal["per_task", "rounds"] = "per_task"
     adaptive: AdaptiveSampling | None = None
+    # Cut the tail: a rollout that has held its slot longer than this many times the
+    # median of its domain's scored rollouts (once five have been) is cancelled; it is
+    # recorded as cancelled and never scored, and its group completes without it.
+    tail_cut: float | None = Field(None, gt=1, le=1000)
     domain_weights: dict[str, float] = Field(default_factory=dict)
     budget: BatchBudget = Field(default_factory=BatchBudget)
     max_in_flight: int = Field(8, ge=1, le=1024)
@@ -127,6 +131,9 @@ class Rollout(BaseModel):
     service_tier: str | None = None
     environment_digest: str | None = None
     error_code: str | None = None
+    # When its job was picked up and ended (epoch seconds, from the job's record).
+    started_at: int | None = None
+    ended_at: int | None = None
 
 
 class Skip(BaseModel):
@@ -134,7 +141,7 @@ class Skip(BaseModel):
 
     domain: str
     task_id: str | None = None
-    reason: Literal["saturated", "budget", "domain_removed", "cancelled"]
+    reason: Literal["saturated", "budget", "domain_removed", "cancelled", "tail_cut"]
     detail: str
 
 
@@ -201,6 +208,8 @@ class Batch(BaseModel):
     weight_changes: list[WeightChange] = Field(default_factory=list)
     weighed_at: dict[str, int] = Field(default_factory=dict)
     groups: list[GroupRef] = Field(default_factory=list)
+    # The rollouts cut as the tail (tail_cut), by job id.
+    cut: list[str] = Field(default_factory=list)
     rollouts: list[Rollout] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
 

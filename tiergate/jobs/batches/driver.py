@@ -141,7 +141,7 @@ class BatchDriver:
             return 0
         self._requests[batch_id] = spec
         self._refresh(batch)
-        plan = decide(spec, batch, self._batches.cancel_requested(owner, batch_id))
+        plan = decide(spec, batch, self._batches.cancel_requested(owner, batch_id), time.time())
         for job_id in plan.cancel:
             job = self._store.get(job_id)
             if job is not None and not job.status.terminal:
@@ -196,8 +196,10 @@ class BatchDriver:
             if job is None:
                 continue
             rollout.status = job.status.value
+            rollout.started_at = job.started_at
             if not job.status.terminal:
                 continue
+            rollout.ended_at = job.completed_at
             changed = True
             if self._metrics is not None:
                 self._metrics.ended(rollout.domain, job)

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -56,16 +57,18 @@ def terminal(rollout: Rollout) -> bool:
     return rollout.status in TERMINAL
 
 
-def decide(spec: BatchCreate, batch: Batch, cancelled: bool) -> RoundPlan:
+def decide(spec: BatchCreate, batch: Batch, cancelled: bool, now: float | None = None) -> RoundPlan:
     """Change ``batch`` (round, skips, removed domains, status) and say what to start and
-    what to cancel now."""
+    what to cancel now (``now``: the time, for ``tail_cut``)."""
     plan = RoundPlan()
     _remove_failing_domains(batch)
+    if spec.tail_cut is not None and now is not None and batch.status == "in_progress":
+        plan.cancel += _cut_tail(spec.tail_cut, batch, now)
     if cancelled and batch.status == "in_progress":
         batch.status = "cancelled"
         batch.skips.append(Skip(domain="*", reason="cancelled", detail="the batch was cancelled"))
     if batch.status == "cancelled" or batch.removed_domains:
-        plan.cancel = [
+        plan.cancel += [
             r.job_id
             for r in batch.rollouts
             if r.status == "queued"
@@ -250,6 +253,42 @@ def _ordered(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Samp
         return spreads[sample.task]
 
     return sorted(wanted, key=lambda s: (s.round > 1, -spread(s) if s.round > 1 else 0.0))
+
+
+# A domain's median counts once this many of its rollouts were scored.
+TAIL_MIN_SCORED = 5
+
+
+def _cut_tail(factor: float, batch: Batch, now: float) -> list[str]:
+    """The running rollouts that have held their slot over ``factor`` times their
+    domain's median scored rollout: recorded (``cut``, a skip saying why) and returned to
+    be cancelled."""
+    runs: dict[str, list[float]] = defaultdict(list)
+    for r in batch.rollouts:
+        if r.status in ("completed", "incomplete") and r.started_at and r.ended_at:
+            runs[r.domain].append(r.ended_at - r.started_at)
+    cut = []
+    for r in batch.rollouts:
+        if terminal(r) or r.started_at is None or r.job_id in batch.cut:
+            continue
+        mine = runs.get(r.domain, [])
+        if len(mine) < TAIL_MIN_SCORED:
+            continue
+        median = max(statistics.median(mine), 1.0)  # whole seconds: a 0 s median is 1 s
+        held = now - r.started_at
+        if held > factor * median:
+            batch.cut.append(r.job_id)
+            batch.skips.append(
+                Skip(
+                    domain=r.domain,
+                    task_id=r.task_id,
+                    reason="tail_cut",
+                    detail=f"sample {r.sample} (round {r.round}) held its slot {held:.0f} s, "
+                    f"over {factor:g}x its domain's median rollout ({median:.0f} s)",
+                )
+            )
+            cut.append(r.job_id)
+    return cut
 
 
 def _remove_failing_domains(batch: Batch) -> None:
