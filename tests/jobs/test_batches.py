@@ -230,6 +230,33 @@ def _group_events(base: str, batch_id: str, last_event_id: int) -> list[dict[str
     return events
 
 
+def test_a_trainers_policy_version_is_recorded_and_only_goes_forward(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Issue 51: no rollout said which policy produced it. A trainer announces the
+    version the model serves now; the rollouts started after it record it, each with its
+    model; a version lower than the batch's is a 400."""
+    tasks = [task("d", f"t{i}", "sleep 2; touch ok") for i in range(3)]
+    with _stack(broker, s3, model, tmp_path) as stack:
+        stack.start_worker()
+        url = f"{stack.base}/v1/jobs/batches"
+        with JobsClient(stack.base) as client:
+            batch = client.submit_batch(tasks, samples_per_task=2, max_in_flight=1)
+            said = httpx.post(f"{url}/{batch.id}/policy_version", json={"version": 3}, timeout=30)
+            assert said.status_code == 200, said.text
+            assert said.json()["version"] == 3
+            behind = httpx.post(f"{url}/{batch.id}/policy_version", json={"version": 2}, timeout=30)
+            assert behind.status_code == 400, behind.text
+            assert behind.json()["error"]["code"] == "policy_version_behind"
+            bad = httpx.post(f"{url}/{batch.id}/policy_version", json={"version": -1}, timeout=30)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "version"
+            final = client.wait_batch(batch.id, timeout=240, poll_seconds=0.5)
+    versions = [r.policy_version for r in final.rollouts]
+    assert final.policy_version == 3 and versions[-1] == 3, versions
+    assert set(versions) <= {0, 3} and versions == sorted(versions)  # in the order started
+    assert {r.model for r in final.rollouts} == {MODEL}
+
+
 def test_saturated_tasks_get_no_second_round(
     broker: str, s3: str, model: FakeVllm, tmp_path: Path
 ) -> None:

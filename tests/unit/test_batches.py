@@ -369,3 +369,37 @@ def test_a_rollout_far_over_its_domains_median_is_cut_once_and_never_scored() ->
     other = _batch(plain)
     other.rollouts = [r.model_copy() for r in batch.rollouts]
     assert decide(plain, other, cancelled=False, now=1000.0).cancel == []
+
+
+def test_samples_too_many_policy_versions_behind_run_again_under_the_current_one() -> None:
+    """Issue 51: a trainer that updates the policy mid-batch could not bound how stale its
+    data is. With ``max_staleness`` a queued sample more versions behind is withdrawn
+    (cancelled, kept in ``stale``) and started again; a running one goes on unless
+    ``cancel_stale_running``."""
+    spec = _spec(samples_per_task=2, max_in_flight=100, max_staleness=1)
+    batch = _batch(spec)
+    _record(spec, batch, decide(spec, batch, cancelled=False).start)
+    for r in batch.rollouts:
+        r.policy_version = 0
+    batch.rollouts[0].status = "running"  # a's sample 0 runs; the rest are queued
+    batch.policy_version = 2  # a trainer announced version 2
+    plan = decide(spec, batch, cancelled=False)
+    withdrawn = {r.job_id for r in batch.stale}
+    assert set(plan.cancel) == withdrawn and len(withdrawn) == 5
+    assert batch.rollouts[0].status == "running" and len(batch.rollouts) == 1
+    assert sorted(_started(spec, plan.start)) == sorted(
+        [("a", 1, 1), ("b", 0, 1), ("b", 1, 1), ("c", 0, 1), ("c", 1, 1)]
+    )
+    detail = next(s.detail for s in batch.skips if s.reason == "stale")
+    assert "of policy version 0, more than 1 behind 2: it runs again" in detail
+    assert job_id_of("b", 1, 0, again=1) != job_id_of("b", 1, 0)
+    # cancel_stale_running: the running one too.
+    spec = _spec(samples_per_task=2, max_in_flight=100, max_staleness=1, cancel_stale_running=True)
+    batch = _batch(spec)
+    _record(spec, batch, decide(spec, batch, cancelled=False).start)
+    for r in batch.rollouts:
+        r.policy_version, r.status = 0, "running"
+    batch.policy_version = 1  # one behind: within max_staleness, nothing withdrawn
+    assert decide(spec, batch, cancelled=False).cancel == []
+    batch.policy_version = 2
+    assert len(decide(spec, batch, cancelled=False).cancel) == 6

@@ -82,6 +82,14 @@ class BatchCreate(Strict):
     # median of its domain's scored rollouts (once five have been) is cancelled; it is
     # recorded as cancelled and never scored, and its group completes without it.
     tail_cut: float | None = Field(None, gt=1, le=1000)
+    # Policy versions: every rollout records the version current when it started (from
+    # policy_version, then as a trainer announces them: POST .../policy_version). With
+    # max_staleness, a sample more than that many versions behind the current one is not
+    # started: its queued job is cancelled and the sample runs again under the current
+    # version (and, with cancel_stale_running, a running one too).
+    policy_version: int = Field(0, ge=0)
+    max_staleness: int | None = Field(None, ge=0)
+    cancel_stale_running: bool = False
     domain_weights: dict[str, float] = Field(default_factory=dict)
     budget: BatchBudget = Field(default_factory=BatchBudget)
     max_in_flight: int = Field(8, ge=1, le=1024)
@@ -134,6 +142,9 @@ class Rollout(BaseModel):
     # When its job was picked up and ended (epoch seconds, from the job's record).
     started_at: int | None = None
     ended_at: int | None = None
+    # The model and the policy version it ran with (the version current when it started).
+    model: str | None = None
+    policy_version: int | None = None
 
 
 class Skip(BaseModel):
@@ -141,8 +152,14 @@ class Skip(BaseModel):
 
     domain: str
     task_id: str | None = None
-    reason: Literal["saturated", "budget", "domain_removed", "cancelled", "tail_cut"]
+    reason: Literal["saturated", "budget", "domain_removed", "cancelled", "tail_cut", "stale"]
     detail: str
+
+
+class PolicyVersion(Strict):
+    """A trainer's announcement: the policy version the model now serves."""
+
+    version: int = Field(ge=0)
 
 
 class WeightChange(BaseModel):
@@ -210,6 +227,10 @@ class Batch(BaseModel):
     groups: list[GroupRef] = Field(default_factory=list)
     # The rollouts cut as the tail (tail_cut), by job id.
     cut: list[str] = Field(default_factory=list)
+    # The policy version now (the request's, then the latest a trainer announced), and
+    # the rollouts withdrawn as too stale (their samples ran again).
+    policy_version: int = 0
+    stale: list[Rollout] = Field(default_factory=list)
     rollouts: list[Rollout] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
 

@@ -30,7 +30,7 @@ from tiergate.jobs.batches.groups import record as group_record
 from tiergate.jobs.batches.store import BatchStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.jobsettings import JobsSettings
-from tiergate.protocol.batches import Batch, BatchCreate, BatchTask, GroupRef
+from tiergate.protocol.batches import Batch, BatchCreate, BatchTask, GroupRef, PolicyVersion
 
 # A task's own metadata leaves room for the four keys a batch's job gets (batch_id, ...).
 MAX_TASK_METADATA = 12
@@ -296,4 +296,40 @@ class BatchesAPI:
 
         return await self._jobs.streams.open_batch_groups(
             caller, self._batches.state_reader(batch.owner, batch.id), starting_after, build
+        )
+
+    async def announce_policy_version(self, request: Request, batch_id: str) -> Response:
+        """The policy version the model serves now: later rollouts record it, and with the
+        batch's ``max_staleness`` the samples too far behind it run again. Versions only
+        go forward (400 otherwise); the batch's scheduler takes it at its next pass."""
+        caller = self._jobs.caller(request)
+        try:
+            announced = PolicyVersion.model_validate(
+                parse_body(await read_body(request, self._max_body_bytes))
+            )
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        batch = await self._owned(request, batch_id)
+        before = await self._jobs.read(
+            caller, self._batches.announced_policy_version, batch.owner, batch.id
+        )
+        current = max(batch.policy_version, before or 0)
+        if announced.version < current:
+            raise OpenAIError(
+                400,
+                f"Policy versions only go forward: this batch is at version {current}.",
+                param="version",
+                code="policy_version_behind",
+            )
+        if batch.status == "in_progress":
+            await self._jobs.storage(
+                self._batches.announce_policy_version, batch.owner, batch.id, announced.version
+            )
+        return json_response(
+            {
+                "object": "jobs.batch.policy_version",
+                "batch_id": batch.id,
+                "version": announced.version,
+                "status": batch.status,
+            }
         )

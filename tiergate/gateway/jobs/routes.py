@@ -11,7 +11,7 @@ from starlette.responses import Response
 from tiergate.gateway import openapi
 from tiergate.gateway.jobs.enabled import enabled
 from tiergate.protocol import JobCreate
-from tiergate.protocol.batches import BatchCreate
+from tiergate.protocol.batches import BatchCreate, PolicyVersion
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
     from tiergate.gateway.jobs.api import JobsAPI
@@ -102,6 +102,23 @@ def register_job_routes(
         finished so far on connecting), then ``batch.<status>`` and ``[DONE]``; counted
         against ``jobs.max_streams_per_key`` like a job's stream."""
         return await batches(request).events(request, batch_id)
+
+    @app.post(
+        "/v1/jobs/batches/{batch_id}/policy_version",
+        tags=["jobs"],
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": PolicyVersion.model_json_schema()}},
+            }
+        },
+    )
+    async def announce_policy_version(request: Request, batch_id: str) -> Response:
+        """A trainer says which policy version the model serves now (``{"version": N}``,
+        never lower than before): rollouts started after it record it, and with the
+        batch's ``max_staleness`` samples more versions behind run again."""
+        return await batches(request).announce_policy_version(request, batch_id)
 
     @app.get("/v1/jobs/batches/{batch_id}/groups", tags=["jobs"], responses=errors)
     async def batch_groups(

@@ -35,8 +35,11 @@ from tiergate.queue.pipeline import JobQueue
 log = logging.getLogger("tiergate.batches")
 
 
-def job_id_of(batch_id: str, task: int, sample: int) -> str:
-    return "job_" + hashlib.sha256(f"{batch_id}/{task}/{sample}".encode()).hexdigest()[:32]
+def job_id_of(batch_id: str, task: int, sample: int, again: int = 0) -> str:
+    """A sample's job id (``again``: how many times the sample was withdrawn as stale
+    before: each run of it is a job of its own)."""
+    name = f"{batch_id}/{task}/{sample}" + (f"/{again}" if again else "")
+    return "job_" + hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
 def reward_of(job: Job) -> float | None:
@@ -141,6 +144,9 @@ class BatchDriver:
             return 0
         self._requests[batch_id] = spec
         self._refresh(batch)
+        announced = self._batches.announced_policy_version(owner, batch_id)
+        if announced is not None and announced > batch.policy_version:
+            batch.policy_version = announced
         plan = decide(spec, batch, self._batches.cancel_requested(owner, batch_id), time.time())
         for job_id in plan.cancel:
             job = self._store.get(job_id)
@@ -232,7 +238,12 @@ class BatchDriver:
             "batch_task_id": task.task_id,
             "batch_sample": str(sample.sample),
         }
-        job_id = job_id_of(batch.id, sample.task, sample.sample)
+        again = sum(
+            1
+            for r in batch.stale
+            if r.task_id == task.task_id and r.domain == task.domain and r.sample == sample.sample
+        )
+        job_id = job_id_of(batch.id, sample.task, sample.sample, again)
         job = self._jobs.new_job(job_id, batch.owner, job_spec)
         if self._jobs.create(job, job_spec):
             self._queue.enqueue(JobMessage(id=job_id, owner=batch.owner, spec=job_spec))
@@ -242,4 +253,6 @@ class BatchDriver:
             task_id=task.task_id,
             sample=sample.sample,
             round=sample.round,
+            model=task.model,
+            policy_version=batch.policy_version,
         )

@@ -64,6 +64,8 @@ def decide(spec: BatchCreate, batch: Batch, cancelled: bool, now: float | None =
     _remove_failing_domains(batch)
     if spec.tail_cut is not None and now is not None and batch.status == "in_progress":
         plan.cancel += _cut_tail(spec.tail_cut, batch, now)
+    if spec.max_staleness is not None and batch.status == "in_progress":
+        plan.cancel += _withdraw_stale(spec, batch)
     if cancelled and batch.status == "in_progress":
         batch.status = "cancelled"
         batch.skips.append(Skip(domain="*", reason="cancelled", detail="the batch was cancelled"))
@@ -202,7 +204,7 @@ def _next_rounds_per_task(spec: BatchCreate, batch: Batch) -> None:
 
 def _over_budget(spec: BatchCreate, batch: Batch) -> str | None:
     budget = spec.budget
-    if budget.max_jobs is not None and len(batch.rollouts) >= budget.max_jobs:
+    if budget.max_jobs is not None and len(batch.rollouts) + len(batch.stale) >= budget.max_jobs:
         return f"budget.max_jobs ({budget.max_jobs}) jobs were sent"
     if budget.max_tokens is not None and batch.tokens >= budget.max_tokens:
         return (
@@ -215,7 +217,7 @@ def _fill(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Sample]
     in_flight = Counter(r.domain for r in batch.rollouts if not terminal(r))
     room = spec.max_in_flight - sum(in_flight.values())
     if spec.budget.max_jobs is not None:
-        room = min(room, spec.budget.max_jobs - len(batch.rollouts))
+        room = min(room, spec.budget.max_jobs - len(batch.rollouts) - len(batch.stale))
     queues: dict[str, list[Sample]] = defaultdict(list)
     for sample in _ordered(spec, batch, wanted):
         queues[spec.tasks[sample.task].domain].append(sample)
@@ -253,6 +255,40 @@ def _ordered(spec: BatchCreate, batch: Batch, wanted: list[Sample]) -> list[Samp
         return spreads[sample.task]
 
     return sorted(wanted, key=lambda s: (s.round > 1, -spread(s) if s.round > 1 else 0.0))
+
+
+def _withdraw_stale(spec: BatchCreate, batch: Batch) -> list[str]:
+    """The rollouts more than ``max_staleness`` versions behind the batch's policy version
+    that have not started (or, with ``cancel_stale_running``, have not ended): moved to
+    ``batch.stale`` (their samples are wanted again, under the current version) and
+    returned to be cancelled."""
+    assert spec.max_staleness is not None
+    oldest = batch.policy_version - spec.max_staleness
+    # Each sample may run again, but the batch's jobs at most double: a trainer that
+    # announces versions without end does not make it run without end.
+    room = len(_planned(spec, batch)) - len(batch.stale)
+    withdrawn: list[str] = []
+    for r in list(batch.rollouts):
+        if terminal(r) or r.policy_version is None or r.policy_version >= oldest:
+            continue
+        if len(withdrawn) >= room:
+            break
+        if r.status != "queued" and not spec.cancel_stale_running:
+            continue
+        batch.rollouts.remove(r)
+        batch.stale.append(r)
+        batch.skips.append(
+            Skip(
+                domain=r.domain,
+                task_id=r.task_id,
+                reason="stale",
+                detail=f"sample {r.sample} ({r.status}) was of policy version "
+                f"{r.policy_version}, more than {spec.max_staleness} behind "
+                f"{batch.policy_version}: it runs again",
+            )
+        )
+        withdrawn.append(r.job_id)
+    return withdrawn
 
 
 # A domain's median counts once this many of its rollouts were scored.

@@ -4,6 +4,7 @@
     batches/{owner}/{id}/state.json     the batch as its scheduler last wrote it (its
                                         lease's holder only: tiergate.jobs.state.lease)
     batches/{owner}/{id}/cancel         present once cancelled
+    batches/{owner}/{id}/policy_version the latest version a trainer announced
     batches/{owner}/{id}/runs/NNNN      the scheduler's lease
     batches-active/{owner}/{id}         present while the batch is not finished
 
@@ -113,6 +114,13 @@ class BatchStore:
 
     def request_cancel(self, owner: str, batch_id: str) -> None:
         self._objects.put(self._key(owner, batch_id, "cancel"), b"")
+
+    def announce_policy_version(self, owner: str, batch_id: str, version: int) -> None:
+        self._objects.put(self._key(owner, batch_id, "policy_version"), str(version).encode())
+
+    def announced_policy_version(self, owner: str, batch_id: str) -> int | None:
+        raw = self._objects.get(self._key(owner, batch_id, "policy_version"))
+        return None if raw is None else int(raw.decode())
 
     def cancel_requested(self, owner: str, batch_id: str) -> bool:
         return self._objects.get(self._key(owner, batch_id, "cancel")) is not None
