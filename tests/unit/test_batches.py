@@ -84,17 +84,7 @@ def test_saturated_tasks_get_no_later_round_and_the_skip_says_why() -> None:
     batch = _batch(spec)
     plan = decide(spec, batch, cancelled=False)
     assert len(plan.start) == 6
-    for s in plan.start:
-        t = spec.tasks[s.task]
-        batch.rollouts.append(
-            Rollout(
-                job_id=job_id_of("b", s.task, s.sample),
-                domain=t.domain,
-                task_id=t.task_id,
-                sample=s.sample,
-                round=s.round,
-            )
-        )
+    _record(spec, batch, plan.start)
     _end(
         batch,
         {

@@ -138,35 +138,16 @@ class EventStreams:
         self, caller: Caller, read: Callable[[], Batch | None], batch: Batch | None
     ) -> AsyncIterator[bytes]:
         sent: set[str] = set()
-        delay = FIRST_POLL_SECONDS
-        idle = 0.0
-        while batch is not None:
-            fresh = [
-                r for r in batch.rollouts if r.status in TERMINAL_STATUSES and r.job_id not in sent
-            ]
-            for rollout in fresh:
-                sent.add(rollout.job_id)
-                event = {"type": "batch.rollout", **rollout.model_dump(mode="json")}
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
-            if batch.status != "in_progress" and batch.completed_at is not None:
-                done = {"type": f"batch.{batch.status}", "batch": batch.public()}
-                yield b"data: " + orjson.dumps(done) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-                return
-            if fresh:
-                idle = 0.0
-            elif idle >= KEEPALIVE_SECONDS:
-                idle = 0.0
-                yield b": keep-alive\n\n"
-            await asyncio.sleep(delay)
-            idle += delay
-            try:
-                batch = await self._poll(caller, read)
-            except StorageError as exc:
-                err = self._unavailable("store", exc)
-                yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
-                return
-            delay = next_poll(delay, bool(fresh))
+
+        async def rollouts(current: Batch) -> AsyncIterator[bytes]:
+            for rollout in current.rollouts:
+                if rollout.status in TERMINAL_STATUSES and rollout.job_id not in sent:
+                    sent.add(rollout.job_id)
+                    event = {"type": "batch.rollout", **rollout.model_dump(mode="json")}
+                    yield b"data: " + orjson.dumps(event) + b"\n\n"
+
+        async for chunk in self._follow_batch(caller, read, batch, rollouts):
+            yield chunk
 
     async def open_batch_groups(
         self,
@@ -180,30 +161,39 @@ class EventStreams:
         and ``[DONE]`` once the batch ended and every group was sent. ``build``: a group's
         record. The same per-key cap and backoff as a job's stream."""
         release, first = await self._first(caller, read)
-        return _SlotResponse(self._groups_stream(caller, read, first, after, build), release)
+        last = after
 
-    async def _groups_stream(
+        async def groups(current: Batch) -> AsyncIterator[bytes]:
+            nonlocal last
+            for ref in [g for g in current.groups if g.seq > last]:
+                event = {"type": "batch.group", **(await build(current, ref))}
+                last = ref.seq
+                yield f"id: {ref.seq}\n".encode() + b"data: " + orjson.dumps(event) + b"\n\n"
+
+        return _SlotResponse(self._follow_batch(caller, read, first, groups), release)
+
+    async def _follow_batch(
         self,
         caller: Caller,
         read: Callable[[], Batch | None],
         batch: Batch | None,
-        after: int,
-        build: Callable[[Batch, GroupRef], Awaitable[dict[str, Any]]],
+        fresh: Callable[[Batch], AsyncIterator[bytes]],
     ) -> AsyncIterator[bytes]:
+        """What ``fresh`` finds new in the batch at each poll, then ``batch.<status>`` and
+        ``[DONE]`` once it ended (its last news sent first)."""
         delay = FIRST_POLL_SECONDS
         idle = 0.0
         while batch is not None:
-            fresh = [g for g in batch.groups if g.seq > after]
-            for ref in fresh:
-                event = {"type": "batch.group", **(await build(batch, ref))}
-                after = ref.seq
-                yield f"id: {ref.seq}\n".encode() + b"data: " + orjson.dumps(event) + b"\n\n"
+            news = False
+            async for chunk in fresh(batch):
+                news = True
+                yield chunk
             if batch.status != "in_progress" and batch.completed_at is not None:
                 done = {"type": f"batch.{batch.status}", "batch": batch.public()}
                 yield b"data: " + orjson.dumps(done) + b"\n\n"
                 yield b"data: [DONE]\n\n"
                 return
-            if fresh:
+            if news:
                 idle = 0.0
             elif idle >= KEEPALIVE_SECONDS:
                 idle = 0.0
@@ -216,7 +206,7 @@ class EventStreams:
                 err = self._unavailable("store", exc)
                 yield b"data: " + orjson.dumps(err.envelope()) + b"\n\n"
                 return
-            delay = next_poll(delay, bool(fresh))
+            delay = next_poll(delay, news)
 
     async def open(self, caller: Caller, job_id: str, starting_after: int) -> StreamingResponse:
         """The stream of ``job_id``'s events after ``starting_after`` (the job is the
