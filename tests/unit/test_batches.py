@@ -393,3 +393,39 @@ def test_samples_too_many_policy_versions_behind_run_again_under_the_current_one
     assert decide(spec, batch, cancelled=False).cancel == []
     batch.policy_version = 2
     assert len(decide(spec, batch, cancelled=False).cancel) == 6
+
+
+def test_an_overprovisioned_round_cancels_its_stragglers_once_the_group_is_scored() -> None:
+    """Issue 51: over-provision and cut the tail. A round starts one sample more than its
+    group needs; once two are scored the third is cancelled (never scored), the task
+    goes on to its next round, and a sample not yet started is not started."""
+    spec = _spec(
+        tasks=[_task("code", "a"), _task("code", "b")],
+        samples_per_task=2,
+        rounds=2,
+        overprovision=1,
+        max_in_flight=5,
+    )
+    batch = _batch(spec)
+    plan = decide(spec, batch, cancelled=False)
+    assert _started(spec, plan.start) == [
+        ("a", 0, 1),
+        ("a", 1, 1),
+        ("a", 2, 1),
+        ("b", 0, 1),
+        ("b", 1, 1),
+    ]
+    _record(spec, batch, plan.start)
+    for r in batch.rollouts:
+        r.status = "running"
+    _end(batch, {("a", 0): True, ("a", 1): False, ("b", 0): True, ("b", 1): True})
+    plan = decide(spec, batch, cancelled=False)
+    straggler = job_id_of("b", 0, 2)
+    assert plan.cancel == [straggler] and batch.surplus == [straggler]
+    assert plan.start == []  # b's third sample is not needed: not started
+    next(r for r in batch.rollouts if r.job_id == straggler).status = "cancelled"
+    plan = decide(spec, batch, cancelled=False)
+    # a (mixed) goes on to round 2 with its group and one more; b (all passed) saturated.
+    assert _started(spec, plan.start) == [("a", 3, 2), ("a", 4, 2), ("a", 5, 2)]
+    assert {s.task_id for s in batch.skips if s.reason == "saturated"} == {"b"}
+    assert spec.most_rollouts() == 2 * (3 + 3)

@@ -82,6 +82,10 @@ class BatchCreate(Strict):
     # median of its domain's scored rollouts (once five have been) is cancelled; it is
     # recorded as cancelled and never scored, and its group completes without it.
     tail_cut: float | None = Field(None, gt=1, le=1000)
+    # Over-provision: start this many samples more than each round's group needs; once a
+    # round has as many scored samples as its group, the rest are cancelled (recorded as
+    # cancelled, never scored: the stragglers of the round).
+    overprovision: int = Field(0, ge=0, le=16)
     # Policy versions: every rollout records the version current when it started (from
     # policy_version, then as a trainer announces them: POST .../policy_version). With
     # max_staleness, a sample more than that many versions behind the current one is not
@@ -97,12 +101,25 @@ class BatchCreate(Strict):
     advantage_clip: float = Field(5.0, gt=0)
     metadata: dict[str, str] = Field(default_factory=dict)
 
+    def group_size(self, round_: int) -> int:
+        """The scored samples a task's round needs: ``samples_per_task`` in round 1,
+        ``extra_samples`` (else the same) after."""
+        return self.samples_per_task if round_ == 1 else self.extra_samples or self.samples_per_task
+
+    def round_size(self, round_: int) -> int:
+        """The samples a task's round starts: its group, and ``overprovision`` more."""
+        return self.group_size(round_) + self.overprovision
+
+    def round_of(self, sample: int) -> int:
+        """The round a task's ``sample`` (its number, from 0) belongs to."""
+        first, later = self.round_size(1), self.round_size(2)
+        return 1 if sample < first else 2 + (sample - first) // later
+
     def most_rollouts(self, tasks: int | None = None) -> int:
         """The most jobs the batch may start: every task's samples in every round, or the
         budget's ``max_jobs`` if lower (``tasks``: how many it has, if not inline)."""
-        extra = self.extra_samples or self.samples_per_task
         count = len(self.tasks) if tasks is None else tasks
-        planned = count * (self.samples_per_task + (self.rounds - 1) * extra)
+        planned = count * (self.round_size(1) + (self.rounds - 1) * self.round_size(2))
         return min(planned, self.budget.max_jobs or planned)
 
     @model_validator(mode="after")
@@ -225,8 +242,10 @@ class Batch(BaseModel):
     weight_changes: list[WeightChange] = Field(default_factory=list)
     weighed_at: dict[str, int] = Field(default_factory=dict)
     groups: list[GroupRef] = Field(default_factory=list)
-    # The rollouts cut as the tail (tail_cut), by job id.
+    # The rollouts cut as the tail (tail_cut), and those cancelled as a satisfied round's
+    # surplus (overprovision), by job id.
     cut: list[str] = Field(default_factory=list)
+    surplus: list[str] = Field(default_factory=list)
     # The policy version now (the request's, then the latest a trainer announced), and
     # the rollouts withdrawn as too stale (their samples ran again).
     policy_version: int = 0

@@ -29,12 +29,6 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 SCORED = ("completed", "incomplete")
 
 
-def _planned_in_round(spec: BatchCreate, round_: int) -> int:
-    if round_ == 1:
-        return spec.samples_per_task
-    return spec.extra_samples or spec.samples_per_task
-
-
 def close(spec: BatchCreate, batch: Batch, now: float) -> list[GroupRef]:
     """Record the groups complete now and not recorded yet; returns them."""
     seen = {(g.domain, g.task_id, g.round) for g in batch.groups}
@@ -46,7 +40,8 @@ def close(spec: BatchCreate, batch: Batch, now: float) -> list[GroupRef]:
     for key, members in rounds.items():
         if key in seen or not all(r.status in TERMINAL for r in members):
             continue
-        whole = len(members) >= _planned_in_round(spec, key[2])
+        scored = sum(1 for r in members if r.status in SCORED)
+        whole = len(members) >= spec.round_size(key[2]) or scored >= spec.group_size(key[2])
         if whole or final or key[0] in batch.removed_domains:
             ref = GroupRef(
                 seq=len(batch.groups) + 1,

@@ -66,6 +66,8 @@ def decide(spec: BatchCreate, batch: Batch, cancelled: bool, now: float | None =
         plan.cancel += _cut_tail(spec.tail_cut, batch, now)
     if spec.max_staleness is not None and batch.status == "in_progress":
         plan.cancel += _withdraw_stale(spec, batch)
+    if spec.overprovision and batch.status == "in_progress":
+        plan.cancel += _cancel_surplus(spec, batch)
     if cancelled and batch.status == "in_progress":
         batch.status = "cancelled"
         batch.skips.append(Skip(domain="*", reason="cancelled", detail="the batch was cancelled"))
@@ -105,25 +107,31 @@ def task_key(domain: str, task_id: str) -> str:
 
 def _planned(spec: BatchCreate, batch: Batch) -> list[Sample]:
     """Every sample planned so far (``batch.planned`` per task; round 1's when absent)."""
-    extra = spec.extra_samples or spec.samples_per_task
     samples = []
     for index, task in enumerate(spec.tasks):
-        count = batch.planned.get(task_key(task.domain, task.task_id), spec.samples_per_task)
-        for i in range(count):
-            round_ = 1 if i < spec.samples_per_task else 2 + (i - spec.samples_per_task) // extra
-            samples.append(Sample(index, i, round_))
+        count = batch.planned.get(task_key(task.domain, task.task_id), spec.round_size(1))
+        samples += [Sample(index, i, spec.round_of(i)) for i in range(count)]
     return samples
 
 
 def _wanted(spec: BatchCreate, batch: Batch) -> list[Sample]:
-    """Planned samples not started yet, of domains still in the batch."""
+    """Planned samples not started yet, of domains still in the batch and rounds not yet
+    satisfied (``overprovision``'s surplus is not started once it is not needed)."""
     started = {(r.task_id, r.domain, r.sample) for r in batch.rollouts}
-    return [
-        s
-        for s in _planned(spec, batch)
-        if (spec.tasks[s.task].task_id, spec.tasks[s.task].domain, s.sample) not in started
-        and spec.tasks[s.task].domain not in batch.removed_domains
-    ]
+    scored = Counter(
+        (r.task_id, r.domain, r.round)
+        for r in batch.rollouts
+        if r.status in ("completed", "incomplete")
+    )
+    wanted = []
+    for s in _planned(spec, batch):
+        task = spec.tasks[s.task]
+        if (task.task_id, task.domain, s.sample) in started or task.domain in batch.removed_domains:
+            continue
+        if scored[(task.task_id, task.domain, s.round)] >= spec.group_size(s.round):
+            continue
+        wanted.append(s)
+    return wanted
 
 
 def _by_task(batch: Batch) -> dict[tuple[str, str], list[Rollout]]:
@@ -135,9 +143,7 @@ def _by_task(batch: Batch) -> dict[tuple[str, str], list[Rollout]]:
 
 def _task_round(spec: BatchCreate, batch: Batch, key: tuple[str, str]) -> int:
     """The round ``key``'s task has reached (its planned samples' last)."""
-    extra = spec.extra_samples or spec.samples_per_task
-    planned = batch.planned.get(task_key(*key), spec.samples_per_task)
-    return 1 + (planned - spec.samples_per_task) // extra
+    return spec.round_of(batch.planned.get(task_key(*key), spec.round_size(1)) - 1)
 
 
 def _judge_task(spec: BatchCreate, batch: Batch, key: tuple[str, str], mine: list[Rollout]) -> bool:
@@ -156,8 +162,8 @@ def _judge_task(spec: BatchCreate, batch: Batch, key: tuple[str, str], mine: lis
             )
         )
         return False
-    planned = batch.planned.get(task_key(*key), spec.samples_per_task)
-    extra = spec.extra_samples or spec.samples_per_task
+    planned = batch.planned.get(task_key(*key), spec.round_size(1))
+    extra = spec.round_size(reached + 1)
     batch.planned[task_key(*key)] = planned + extra
     batch.round = max(batch.round, reached + 1)
     passed = sum(1 for v in verdicts if v)
@@ -195,11 +201,38 @@ def _next_rounds_per_task(spec: BatchCreate, batch: Batch) -> None:
     by_task = _by_task(batch)
     for key in _open_tasks(spec, batch):
         mine = by_task[key]
-        planned = batch.planned.get(task_key(*key), spec.samples_per_task)
-        if len(mine) < planned or not all(terminal(r) for r in mine):
-            continue  # samples still to start or running: its round goes on
-        if _task_round(spec, batch, key) < spec.rounds:
+        reached = _task_round(spec, batch, key)
+        current = [r for r in mine if r.round == reached]
+        if not all(terminal(r) for r in mine):
+            continue  # samples running: its round goes on
+        if len(current) < spec.round_size(reached) and not _satisfied(spec, reached, current):
+            continue  # samples still to start
+        if reached < spec.rounds:
             _judge_task(spec, batch, key, mine)
+
+
+def _satisfied(spec: BatchCreate, round_: int, members: list[Rollout]) -> bool:
+    """Whether a task's round has as many scored samples as its group needs (with
+    ``overprovision``, its other samples are then surplus)."""
+    scored = sum(1 for r in members if r.status in ("completed", "incomplete"))
+    return scored >= spec.group_size(round_)
+
+
+def _cancel_surplus(spec: BatchCreate, batch: Batch) -> list[str]:
+    """With ``overprovision``: the rollouts of rounds already satisfied that have not
+    ended, recorded in ``batch.surplus`` and returned to be cancelled."""
+    rounds: dict[tuple[str, str, int], list[Rollout]] = defaultdict(list)
+    for r in batch.rollouts:
+        rounds[(r.domain, r.task_id, r.round)].append(r)
+    surplus = []
+    for (_, _, round_), members in rounds.items():
+        if not _satisfied(spec, round_, members):
+            continue
+        for r in members:
+            if not terminal(r) and r.job_id not in batch.surplus:
+                batch.surplus.append(r.job_id)
+                surplus.append(r.job_id)
+    return surplus
 
 
 def _over_budget(spec: BatchCreate, batch: Batch) -> str | None:
