@@ -488,3 +488,41 @@ def test_a_batch_from_an_uploaded_tasks_file_runs_and_a_bad_file_is_refused_by_l
         assert sorted(r["task_id"] for r in final["rollouts"]) == ["t0", "t1", "t2"]
         assert sum(final["counts"].get(s, 0) for s in ("completed", "incomplete")) == 3
         assert all(r["passed"] for r in final["rollouts"]), final["rollouts"]
+
+
+def test_another_keys_batch_is_not_found_on_any_of_its_routes(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Attacker's test: every route of a rollout batch (read, its events, its groups and
+    their events, its export, cancel, a policy version) answers another key 404, as if the
+    batch did not exist, and changes nothing of it."""
+    keys = tenants("alice", "mallory")
+    alice, mallory = keys.headers("alice"), keys.headers("mallory")
+    with jobs_stack(broker, s3, model, tmp_path, auth=keys.auth) as stack:  # no worker
+        url = f"{stack.base}/v1/jobs/batches"
+        created = httpx.post(
+            url, json={"tasks": [task("d", "t", "touch ok")], "samples_per_task": 1}, headers=alice
+        )
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+        attempts = [
+            ("GET", ""),
+            ("GET", "/events"),
+            ("GET", "/groups"),
+            ("GET", "/groups/events"),
+            ("GET", "/rollouts"),
+            ("POST", "/cancel"),
+            ("POST", "/policy_version"),
+        ]
+        for method, path in attempts:
+            body = {"version": 9} if path == "/policy_version" else None
+            got = httpx.request(
+                method, f"{url}/{batch_id}{path}", headers=mallory, json=body, timeout=30
+            )
+            assert got.status_code == 404, (path, got.status_code, got.text)
+            assert got.json()["error"]["code"] == "batch_not_found", path
+        mine = httpx.get(f"{url}/{batch_id}", headers=alice).json()
+        assert (mine["status"], mine["policy_version"]) == ("in_progress", 0)
+        groups = httpx.get(f"{url}/{batch_id}/groups", headers=alice)
+        assert groups.status_code == 200 and groups.text == ""
+        assert groups.headers["x-tiergate-batch-status"] == "in_progress"
