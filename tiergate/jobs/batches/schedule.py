@@ -108,9 +108,12 @@ def task_key(domain: str, task_id: str) -> str:
 def _planned(spec: BatchCreate, batch: Batch) -> list[Sample]:
     """Every sample planned so far (``batch.planned`` per task; round 1's when absent)."""
     samples = []
+    first, later = spec.round_size(1), spec.round_size(2)  # spec.round_of, for every sample
     for index, task in enumerate(spec.tasks):
-        count = batch.planned.get(task_key(task.domain, task.task_id), spec.round_size(1))
-        samples += [Sample(index, i, spec.round_of(i)) for i in range(count)]
+        count = batch.planned.get(task_key(task.domain, task.task_id), first)
+        samples += [
+            Sample(index, i, 1 if i < first else 2 + (i - first) // later) for i in range(count)
+        ]
     return samples
 
 
@@ -297,13 +300,15 @@ def _withdraw_stale(spec: BatchCreate, batch: Batch) -> list[str]:
     returned to be cancelled."""
     assert spec.max_staleness is not None
     oldest = batch.policy_version - spec.max_staleness
-    # Each sample may run again, but the batch's jobs at most double: a trainer that
-    # announces versions without end does not make it run without end.
-    room = len(_planned(spec, batch)) - len(batch.stale)
     withdrawn: list[str] = []
+    room: int | None = None
     for r in list(batch.rollouts):
         if terminal(r) or r.policy_version is None or r.policy_version >= oldest:
             continue
+        if room is None:
+            # Each sample may run again, but the batch's jobs at most double: a trainer
+            # that announces versions without end does not make it run without end.
+            room = len(_planned(spec, batch)) - len(batch.stale)
         if len(withdrawn) >= room:
             break
         if r.status != "queued" and not spec.cancel_stale_running:
