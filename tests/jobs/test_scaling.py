@@ -12,22 +12,17 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
-from tests.jobstack import JobsStack, jobs_stack
-from tests.servers import free_port
+from tests.jobs.workerfleet import fleet
+from tests.jobstack import jobs_stack
 from tests.waiting import eventually
 from tiergate.jobs.state.store import JobStore
-from tiergate.local.jobs import start_worker
 from tiergate.local.servers import ObjectStore, Server
 from tiergate.protocol import JobStatus
 
@@ -81,64 +76,6 @@ def test_a_short_job_behind_a_long_one_runs_on_the_free_slot(
         assert final["result"]["passed"] is True
         still = httpx.get(f"{stack.base}/v1/jobs/{long['id']}").json()
         assert still["status"] == "in_progress"  # it did not wait for the long job
-
-
-class Fleet:
-    """Worker processes with their own metrics ports, started and stopped on demand."""
-
-    def __init__(self, stack: JobsStack, tmp_path: Path, **worker: Any) -> None:
-        self.stack = stack
-        self.tmp_path = tmp_path
-        self.worker = worker
-        self.procs: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
-        self.log = tmp_path / "workers.log"
-        self.unhealthy: list[str] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        jobs = self.stack.jobs.model_dump(mode="json")
-        jobs["kafka"]["session_timeout_ms"] = 3000
-        port = free_port()
-        jobs["worker"].update({"metrics_port": port, "metrics_host": "127.0.0.1"}, **self.worker)
-        config = self.tmp_path / f"worker-{port}.yaml"
-        config.write_text(yaml.safe_dump({"jobs": jobs, "gateway": {"log_requests": False}}))
-        proc = start_worker({**os.environ, "TIERGATE_CONFIG": str(config)}, self.log)
-        self.procs[proc.pid] = (proc, port)
-        eventually(lambda: self.healthy(proc.pid), 60, 0.2, f"worker up; see {self.log}")
-        return proc
-
-    def healthy(self, pid: int) -> bool:
-        try:
-            resp = httpx.get(f"http://127.0.0.1:{self.procs[pid][1]}/healthz", timeout=2)
-        except httpx.HTTPError:
-            return False
-        return resp.status_code == 200
-
-    def stop(self, pid: int) -> None:
-        """Scale one in: its health first (a dead thread would show), then SIGTERM."""
-        if not self.healthy(pid):
-            self.unhealthy.append(str(pid))
-        proc, _ = self.procs.pop(pid)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def close(self) -> None:
-        for pid in list(self.procs):
-            proc, _ = self.procs.pop(pid)
-            proc.kill()
-            proc.wait()
-
-
-@contextmanager
-def fleet(stack: JobsStack, tmp_path: Path, **worker: Any) -> Iterator[Fleet]:
-    workers = Fleet(stack, tmp_path, **worker)
-    try:
-        yield workers
-    finally:
-        workers.close()
 
 
 def _holder_pid(store: JobStore, job_id: str, epoch: int = 1) -> int:
