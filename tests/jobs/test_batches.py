@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.tenants import tenants
+from tests.jobs.workerfleet import fleet
 from tests.jobstack import JobsStack, jobs_stack
 from tests.readme_blocks import run_readme_block
 from tests.waiting import eventually
@@ -228,6 +229,35 @@ def _group_events(base: str, batch_id: str, last_event_id: int) -> list[dict[str
                 break
             events.append(json.loads(line[len("data: ") :]))
     return events
+
+
+def test_each_group_reaches_the_trainer_once_through_killed_workers(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+) -> None:
+    """Issue 51: the groups a trainer takes while the batch runs, each once, when every
+    worker (the one scheduling the batch among them) is killed mid-batch and a new one
+    takes over the batch's scheduler and its jobs."""
+    model.behaviour.replies = [REPLY]
+    tasks = [task("d", f"t{i}", "sleep 1; " + MIXED) for i in range(6)]
+    with (
+        jobs_stack(broker, s3, model, tmp_path, jobs={"batch_poll_seconds": 0.3}) as stack,
+        fleet(stack, tmp_path, lease_seconds=4, concurrency=2) as workers,
+    ):
+        first, second = workers.start(), workers.start()
+        with JobsClient(stack.base) as client:
+            batch = client.submit_batch(tasks, samples_per_task=2, rounds=2, max_in_flight=4)
+            taken = []
+            for group in client.groups(batch.id, poll_seconds=0.3, timeout=300):
+                taken.append(group)
+                if len(taken) == 2:
+                    workers.kill(first.pid)
+                    workers.kill(second.pid)
+                    workers.start()
+            final = client.wait_batch(batch.id, timeout=60, poll_seconds=0.5)
+    assert final.status == "completed"
+    rounds = {(r.task_id, r.round) for r in final.rollouts}
+    assert [g["seq"] for g in taken] == list(range(1, len(rounds) + 1))
+    assert sorted((g["task_id"], g["round"]) for g in taken) == sorted(rounds)
 
 
 def test_a_trainers_policy_version_is_recorded_and_only_goes_forward(

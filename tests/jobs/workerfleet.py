@@ -61,6 +61,12 @@ class Fleet:
             proc.kill()
             proc.wait()
 
+    def kill(self, pid: int) -> None:
+        """A worker dies at once (SIGKILL): no drain, no release of what it held."""
+        proc, _ = self.procs.pop(pid)
+        proc.kill()
+        proc.wait()
+
     def close(self) -> None:
         for pid in list(self.procs):
             proc, _ = self.procs.pop(pid)
