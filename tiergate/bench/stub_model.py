@@ -3,13 +3,16 @@ every job with one shell command, then ``DONE``.
 
 The command is the job's instruction (the conversation's first user message): the first
 answer gives it in a ```bash block; once the conversation holds its output (anything
-after the first assistant message) the answer is ``DONE``. It is not streamed and costs
-nothing, so what the benchmark measures is the queue, the workers and the sandbox. Run as
-``python -m tiergate.bench.stub_model PORT``.
+after the first assistant message) the answer is ``DONE``. It costs nothing, so what the
+benchmark measures is the queue, the workers and the sandbox. Asked to stream (the soak's
+interactive calls), it sends the answer a word at a time, ``STREAM_GAP`` apart, and its
+usage last. Run as ``python -m tiergate.bench.stub_model PORT``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +22,7 @@ from aiohttp import web
 from tiergate.bench.served import model_server
 
 MODEL = "bench-agent"
+STREAM_GAP = 0.005  # seconds between two streamed words
 
 
 def reply_for(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -30,9 +34,11 @@ def reply_for(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def build_app() -> web.Application:
-    async def chat(request: web.Request) -> web.Response:
+    async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         content = reply_for(body.get("messages") or [])
+        if body.get("stream"):
+            return await _stream(request, content)
         return web.json_response(
             {
                 "id": "chatcmpl-stub",
@@ -51,6 +57,34 @@ def build_app() -> web.Application:
         )
 
     return model_server(MODEL, chat)
+
+
+def _chunk(delta: dict[str, Any], finish: str | None, usage: Any = None) -> bytes:
+    chunk = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": MODEL,
+        "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **({"usage": usage} if usage else {}),
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+async def _stream(request: web.Request, content: str) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    words = content.split(" ")
+    await resp.write(_chunk({"role": "assistant", "content": ""}, None))
+    for i, word in enumerate(words):
+        await asyncio.sleep(STREAM_GAP)
+        await resp.write(_chunk({"content": word if i == 0 else " " + word}, None))
+    await resp.write(_chunk({}, "stop"))
+    usage = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
+    await resp.write(_chunk({}, None, usage))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 if __name__ == "__main__":

@@ -481,3 +481,55 @@ def bench_rollouts_cmd(
         chart(report, out / "rollouts-bench.png")
     except ModuleNotFoundError:  # the chart is the bench extra's (pip install tiergate[bench])
         typer.echo("[bench rollouts] no chart: matplotlib is not installed", err=True)
+
+
+@bench_app.command("soak")
+def bench_soak_cmd(
+    minutes: Annotated[float, typer.Option(min=1.0, help="Minutes of load")] = 60.0,
+    warmup: Annotated[
+        float, typer.Option(min=0.0, help="Minutes before the first fault and the growth fit")
+    ] = 10.0,
+    fault_rounds: Annotated[int, typer.Option(min=0, help="Every kind of fault this often")] = 2,
+    seed: Annotated[int, typer.Option(help="The fault schedule's seed")] = 1,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="stand-in (the benchmarks' model server) or vllm (each tier's engine as "
+            "`make up` runs it, its rates lower; run `make up` once first)"
+        ),
+    ] = "stand-in",
+    short: Annotated[
+        bool, typer.Option("--short", help="The suite's 3-minute form, six kinds of fault")
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
+) -> None:
+    """Every surface at once on the chart's topology (two gateway replicas behind a
+    Service, Redis, two workers, the broker, the store, an engine per tier), with faults
+    on a seeded schedule, and the history checked: nothing lost, nothing answered twice,
+    nothing hung, every refusal typed. Writes soak-bench.md/.json/.png; exits 1 on a
+    violation."""
+    from tiergate.bench.soak.bench import SHORT, VLLM_RATES, SoakParams, run_soak
+    from tiergate.bench.soak.load import Rates
+    from tiergate.bench.soak.report import chart
+
+    if engine not in ("stand-in", "vllm"):
+        raise typer.BadParameter("stand-in or vllm", param_hint="--engine")
+    params = (
+        SHORT
+        if short
+        else SoakParams(
+            minutes=minutes,
+            warmup_minutes=warmup,
+            fault_rounds=fault_rounds,
+            seed=seed,
+            engine=engine,
+            rates=VLLM_RATES if engine == "vllm" else Rates(),
+        )
+    )
+    report = run_soak(out, params)
+    try:
+        chart(report, out / "soak-bench.png")
+    except ModuleNotFoundError:  # the chart is the bench extra's (pip install tiergate[bench])
+        typer.echo("[bench soak] no chart: matplotlib is not installed", err=True)
+    if not report["passed"]:
+        raise typer.Exit(1)

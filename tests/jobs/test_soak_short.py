@@ -1,0 +1,36 @@
+"""``tiergate bench soak --short`` in the suite (issue 54): the chart's topology on this
+machine (two gateway replicas behind nginx, Redis, two workers, the broker, the store, a
+stand-in engine per tier), every surface driven at once for three minutes while six kinds
+of fault land on their schedule, and the history checked: nothing lost, nothing answered
+twice, nothing hung, every refusal typed, no tenant's marker in another's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiergate.bench.soak.bench import SHORT, run_soak
+from tiergate.bench.soak.report import chart
+
+
+def test_a_short_soak_with_faults_loses_nothing_and_answers_everything_once(
+    tmp_path: Path,
+) -> None:
+    report = run_soak(tmp_path, SHORT)
+    assert report["violations"] == [], report["violations"][:10]
+    assert report["passed"]
+    # Every planned fault landed, and its target came back.
+    assert sorted((f["kind"], f["target"]) for f in report["faults"]) == sorted(SHORT.kinds)
+    assert all("restarted" in f["detail"] or "SIGCONT" in f["detail"] for f in report["faults"])
+    checks = report["checks"]
+    # The load was real on every surface, and what was accepted was checked.
+    assert checks["interactive"]["answered"] > 100
+    assert checks["jobs"]["accepted"] >= 10 and checks["jobs"]["hostile_accepted"] >= 1
+    assert checks["jobs"]["ended_once"] == checks["jobs"]["accepted"]
+    assert checks["batch_lines"]["lines"] >= SHORT.rates.batch_lines
+    assert checks["batch_lines"]["answered_once"] == checks["batch_lines"]["lines"]
+    assert checks["event_streams"]["streams"] >= 1
+    assert {"gateway-1", "worker-1", "broker", "redis"} <= set(report["processes"])
+    markdown = (tmp_path / "soak-bench.md").read_text()
+    assert "**PASSED**" in markdown and report["cpu"] in markdown
+    chart(report, tmp_path / "soak-bench.png")
+    assert (tmp_path / "soak-bench.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,386 @@
+"""``tiergate bench soak``: the stack as the chart arranges it (:mod:`.stack`), every
+surface driven at once (:mod:`.load`), faults on a seeded schedule (:mod:`.faults`), every
+process's memory and open files sampled, and the history checked at the end
+(:mod:`.check`); the report and its figure (:mod:`.report`).
+
+The engines are the stand-in model (``tiergate.bench.stub_model``): an hour at these rates
+on two cores would otherwise measure the engines, not the system around them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tiergate.bench.gateway import cpu_model
+from tiergate.bench.jobs.stack import keep_logs, new_work_dir
+from tiergate.bench.report import write_report
+from tiergate.bench.soak import check, faults, load
+from tiergate.bench.soak.report import render
+from tiergate.bench.soak.stack import TENANTS, RealEngines, SoakStack
+from tiergate.jobs.state.store import JobStore
+
+TERMINAL_JOB = {"completed", "failed", "cancelled", "incomplete", "expired"}
+TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
+
+
+def say(message: str) -> None:
+    print(f"[bench soak] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class SoakParams:
+    minutes: float = 60.0
+    warmup_minutes: float = 10.0
+    fault_rounds: int = 2  # every kind of fault this many times
+    seed: int = 1
+    sample_seconds: float = 10.0
+    drain_seconds: float = 300.0  # after the load: for the accepted work to end
+    rates: load.Rates = field(default_factory=load.Rates)
+    kinds: tuple[tuple[str, str], ...] = faults.KINDS
+    engine: str = "stand-in"  # or "vllm": each tier's engine as `make up` runs it
+
+    def command(self) -> str:
+        return (
+            f"tiergate bench soak --minutes {self.minutes:g} --warmup {self.warmup_minutes:g} "
+            f"--fault-rounds {self.fault_rounds} --seed {self.seed} --engine {self.engine}"
+        )
+
+
+# With vLLM on two cores: rates the engines carry with room for a restart's backlog (an
+# engine killed takes its compiled start again, about a minute).
+VLLM_RATES = load.Rates(
+    chat_per_s=1.0, jobs_per_s=0.05, batches_per_s=1 / 120, batch_lines=10, streams_per_s=1 / 60
+)
+
+
+# The suite's form: three minutes, the kinds of fault the chart's pods meet most.
+SHORT = SoakParams(
+    minutes=3.0,
+    warmup_minutes=0.5,
+    fault_rounds=1,
+    sample_seconds=5.0,
+    drain_seconds=180.0,
+    kinds=(
+        ("kill", "worker-1"),
+        ("kill", "gateway-1"),
+        ("kill", "engine-fast"),
+        ("stop", "worker-2"),
+        ("kill", "broker"),
+        ("kill", "redis"),
+    ),
+)
+
+
+def _session_usage(sid: int) -> tuple[float, int]:
+    """Resident MB and open files of every process in session ``sid``."""
+    rss_kb = 0
+    files = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # field 6 of stat: the session id
+                continue
+            rss_kb += int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+            files += len(os.listdir(f"/proc/{entry}/fd"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return rss_kb / 1024, files
+
+
+def _metric_sum(url: str, name: str) -> float | None:
+    try:
+        text = httpx.get(url, timeout=2).text
+    except httpx.HTTPError:
+        return None
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and (line[len(name)] in " {")
+    ]
+    return sum(values) if values else None
+
+
+class Sampler:
+    """Every ``every`` seconds: each process's RSS and open files; the patient lane's
+    limit (gateway-1's metrics) and the queue lag (the workers' metrics)."""
+
+    def __init__(self, stack: SoakStack, started: float, every: float) -> None:
+        self.stack, self.started, self.every = stack, started, every
+        self.processes: dict[str, list[list[float]]] = {}
+        self.lane: list[list[float]] = []
+        self.lag: list[list[float]] = []
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.every):
+            t = round(time.time() - self.started, 1)
+            for name in self.stack.servers:
+                pid = self.stack.pid(name)
+                if pid is not None:
+                    rss, files = _session_usage(pid)
+                    self.processes.setdefault(name, []).append([t, round(rss, 1), files])
+            lane = _metric_sum(self.stack.metrics_url("gateway-1"), "tiergate_patient_lane_limit")
+            if lane is not None:
+                self.lane.append([t, lane])
+            lags = [
+                _metric_sum(self.stack.metrics_url(w), "tiergate_jobs_queue_lag")
+                for w in ("worker-1", "worker-2")
+            ]
+            if any(v is not None for v in lags):
+                self.lag.append([t, max(v for v in lags if v is not None)])
+
+
+def growth(series: list[list[float]], warmup_s: float, restarts: list[float]) -> dict[str, Any]:
+    """RSS growth after the warm-up and after the process's last restart, in percent of
+    its first such sample per hour (a least-squares line through the samples)."""
+    since = max([warmup_s, *restarts])
+    after = [s for s in series if s[0] >= since + 30]  # a restarted process warms up too
+    if len(after) < 3 or after[-1][0] - after[0][0] < 60:
+        return {
+            "rss_mb_after_warmup": None,
+            "rss_mb_end": series[-1][1] if series else None,
+            "pct_per_hour": None,
+        }
+    fit = statistics.linear_regression([s[0] for s in after], [s[1] for s in after])
+    first = after[0][1]
+    pct = 100 * fit.slope * 3600 / first if first else None
+    return {
+        "rss_mb_after_warmup": first,
+        "rss_mb_end": after[-1][1],
+        "pct_per_hour": None if pct is None else round(pct, 1),
+        "since_s": since,
+    }
+
+
+def latency_per_minute(chats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    keys = sorted({(int(r["t0"] // 60), r["tier"]) for r in chats})
+    for minute, tier in keys:
+        mine = [r for r in chats if int(r["t0"] // 60) == minute and r["tier"] == tier]
+        ms = sorted(1000 * (r["t1"] - r["t0"]) for r in mine if r["outcome"] == "answered")
+        rows.append(
+            {
+                "minute": minute,
+                "tier": tier,
+                "count": len(mine),
+                "p50_ms": round(statistics.median(ms), 1) if ms else None,
+                "p99_ms": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1) if ms else None,
+                "refused": sum(1 for r in mine if r["outcome"] == "refused"),
+                "failed": sum(1 for r in mine if r["outcome"] in ("cut", "untyped", "hung")),
+            }
+        )
+    return rows
+
+
+def _read_jobs(
+    client: httpx.Client, stack: SoakStack, records: list[dict[str, Any]], deadline: float
+) -> dict[str, dict[str, Any]]:
+    assert stack.settings is not None
+    store = JobStore(stack.settings.storage)
+    ends: dict[str, dict[str, Any]] = {}
+    pending = [r for r in records if r["id"]]
+    while pending and time.time() < deadline:
+        left = []
+        for r in pending:
+            key = stack.keys.secrets[r["tenant"]]
+            try:
+                resp = client.get(f"/v1/jobs/{r['id']}", headers={"authorization": f"Bearer {key}"})
+                status = resp.json().get("status") if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                status = None
+            if status in TERMINAL_JOB:
+                events = store.events(r["id"], 0)
+                ends[r["id"]] = {
+                    "status": status,
+                    "final": store.final(r["id"]) is not None,
+                    "terminal_events": sum(
+                        1 for e in events if e["type"].removeprefix("job.") in TERMINAL_JOB
+                    ),
+                }
+            else:
+                ends[r["id"]] = {"status": status}
+                left.append(r)
+        pending = left
+        if pending:
+            say(f"waiting for {len(pending)} job(s) to end")
+            time.sleep(5)
+    return ends
+
+
+def _read_batches(
+    client: httpx.Client, stack: SoakStack, records: list[dict[str, Any]], deadline: float
+) -> dict[str, dict[str, Any]]:
+    ends: dict[str, dict[str, Any]] = {}
+    pending = [r for r in records if r["id"]]
+    while pending and time.time() < deadline:
+        left = []
+        for r in pending:
+            headers = {"authorization": f"Bearer {stack.keys.secrets[r['tenant']]}"}
+            try:
+                batch = client.get(f"/v1/batches/{r['id']}", headers=headers).json()
+            except (httpx.HTTPError, ValueError):
+                left.append(r)
+                continue
+            if batch.get("status") not in TERMINAL_BATCH:
+                ends[r["id"]] = {"status": batch.get("status")}
+                left.append(r)
+                continue
+            answers: dict[str, int] = {}
+            for fid in (batch.get("output_file_id"), batch.get("error_file_id")):
+                if not fid:
+                    continue
+                body = client.get(f"/v1/files/{fid}/content", headers=headers).text
+                for line in body.splitlines():
+                    if line.strip():
+                        cid = str(json.loads(line).get("custom_id"))
+                        answers[cid] = answers.get(cid, 0) + 1
+            ends[r["id"]] = {"status": batch["status"], "answers": answers}
+        pending = left
+        if pending:
+            say(f"waiting for {len(pending)} batch(es) to end")
+            time.sleep(5)
+    return ends
+
+
+def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
+    work = new_work_dir()
+    cpu = cpu_model()
+    say(f"CPU: {cpu}; {params.command()}")
+    engines = None
+    if params.engine == "vllm":
+        from tiergate.settings import load_settings
+
+        engines = RealEngines.from_settings(load_settings())
+    stack = SoakStack(work, engines=engines)
+    history = load.History()
+    fault_log: list[dict[str, Any]] = []
+    duration = params.minutes * 60
+    warmup = params.warmup_minutes * 60
+    plan = faults.schedule(params.seed, warmup, duration - 30, params.fault_rounds, params.kinds)
+    for f in plan:
+        say(f"planned: {f.at_s:.0f} s {f.kind} {f.target} ({f.hold_s:.0f} s)")
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        say(
+            "starting the stack: store, broker, Redis, two engines, two gateways, nginx, "
+            "two workers"
+        )
+        stack.start()
+        history.start = time.time()
+        sampler = Sampler(stack, history.start, params.sample_seconds)
+        client = httpx.Client(
+            base_url=stack.url, timeout=60, limits=httpx.Limits(max_connections=200)
+        )
+        r = params.rates
+        if engines is not None:
+            r = dataclasses.replace(r, model=engines.model)
+        tenants = list(TENANTS)
+
+        def chat(n: int) -> None:
+            t = tenants[n % 2]
+            load.chat_once(client, history, t, stack.keys.secrets[t], n, r)
+
+        def job(n: int) -> None:
+            t = tenants[n % 2]
+            load.submit_job(client, history, t, stack.keys.secrets[t], n, r)
+
+        def batch(n: int) -> None:
+            t = tenants[n % 2]
+            load.submit_batch(client, history, t, stack.keys.secrets[t], n, r)
+
+        def stream(n: int) -> None:
+            jobs: list[dict[str, Any]] = []
+            while not jobs and not stop.wait(1.0):  # the latest ordinary job, once there is one
+                jobs = [j for j in history.of("job") if j["id"] and not j["hostile"]]
+            if jobs:
+                j = jobs[-1]
+                deadline = time.time() + 240
+                load.follow_events(
+                    client, history, j["tenant"], stack.keys.secrets[j["tenant"]], j["id"], deadline
+                )
+
+        runners = [
+            lambda: sampler.run(stop),
+            lambda: faults.inject(stack, plan, history.start, stop, fault_log.append, say),
+            lambda: load.paced(r.chat_per_s, stop, chat),
+            lambda: load.paced(r.jobs_per_s, stop, job),
+            lambda: load.paced(r.batches_per_s, stop, batch),
+            lambda: load.paced(r.streams_per_s, stop, stream),
+        ]
+        threads = [threading.Thread(target=fn, daemon=True) for fn in runners]
+        for th in threads:
+            th.start()
+        while time.time() - history.start < duration:
+            time.sleep(min(30.0, duration - (time.time() - history.start) + 0.1))
+            chats = history.of("chat")
+            say(
+                f"{(time.time() - history.start) / 60:.1f} min: {len(chats)} chat calls, "
+                f"{len(history.of('job'))} jobs, {len(history.of('batch'))} batches, "
+                f"{len(fault_log)} faults"
+            )
+        say("load stopped; the accepted work drains")
+        stop.set()
+        for th in threads[1:2]:
+            th.join(120)
+        deadline = time.time() + params.drain_seconds
+        job_ends = _read_jobs(client, stack, history.of("job"), deadline)
+        batch_ends = _read_batches(client, stack, history.of("batch"), deadline)
+        time.sleep(2)  # the event streams' last reads
+        client.close()
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            stack.stop()
+        keep_logs(work)
+    checks: dict[str, dict[str, int]] = {}
+    violations: list[str] = []
+    for name, (counts, found) in {
+        "interactive": check.check_chat(history.of("chat"), fault_log),
+        "jobs": check.check_jobs(history.of("job"), job_ends),
+        "batch_lines": check.check_batches(history.of("batch"), batch_ends),
+        "event_streams": check.check_streams(history.of("events")),
+    }.items():
+        checks[name] = counts
+        violations += found
+    restarts = {
+        name: [f["back_at_s"] for f in fault_log if f["target"] == name and f["kind"] == "kill"]
+        for name in sampler.processes
+    }
+    report = {
+        "command": params.command(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "seed": params.seed,
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "engine": params.engine,
+        "stack": {"gateways": 2, "workers": 2},
+        "rates": r.named(),
+        "faults": fault_log,
+        "latency": latency_per_minute(history.of("chat")),
+        "processes": sampler.processes,
+        "growth": {n: growth(s, warmup, restarts[n]) for n, s in sampler.processes.items()},
+        "lane": sampler.lane,
+        "queue_lag": sampler.lag,
+        "checks": checks,
+        "violations": violations,
+        "passed": not violations,
+        "parameters": {**asdict(params), "work": str(work)},
+    }
+    write_report(out, "soak-bench", report, render(report))
+    return report

@@ -1,0 +1,97 @@
+"""The soak's faults: a seeded schedule (printed before the run) of SIGKILLs, each
+followed by the container's restart, and SIGSTOP/SIGCONT pauses; injected one at a time
+by :func:`inject`, each recorded with when it began and when its target was back.
+
+Not injected yet (the issue asks for them): a full disk on a worker's workspace volume
+and a slow network toward the store; see ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tiergate.bench.soak.stack import SoakStack
+
+# Every kind of fault the soak knows, by target: kill (then restart) or stop (then cont).
+KINDS: tuple[tuple[str, str], ...] = (
+    ("kill", "worker-1"),
+    ("kill", "gateway-1"),
+    ("kill", "engine-fast"),
+    ("stop", "worker-2"),
+    ("kill", "broker"),
+    ("kill", "redis"),
+    ("kill", "store"),
+    ("kill", "engine-standard"),
+    ("stop", "broker"),
+    ("kill", "gateway-2"),
+    ("kill", "worker-2"),
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float  # seconds after the load started
+    kind: str
+    target: str
+    hold_s: float  # down (kill: until the restart) or paused (stop)
+
+
+def schedule(
+    seed: int, start_s: float, end_s: float, rounds: int, kinds: tuple[tuple[str, str], ...] = KINDS
+) -> list[Fault]:
+    """``rounds`` of every kind, shuffled per round, spread evenly over [start_s, end_s)."""
+    rng = random.Random(seed)
+    picked: list[tuple[str, str]] = []
+    for _ in range(rounds):
+        one = list(kinds)
+        rng.shuffle(one)
+        picked += one
+    gap = (end_s - start_s) / max(1, len(picked))
+    faults = []
+    for i, (kind, target) in enumerate(picked):
+        hold = rng.uniform(2.0, 6.0) if kind == "kill" else rng.uniform(8.0, 16.0)
+        faults.append(Fault(round(start_s + i * gap, 1), kind, target, round(hold, 1)))
+    return faults
+
+
+def inject(
+    stack: SoakStack,
+    faults: list[Fault],
+    started: float,
+    stop: threading.Event,
+    record: Callable[[dict[str, Any]], None],
+    say: Callable[[str], None],
+) -> None:
+    """Each fault at its time (``started``: the load's ``time.time()``), one after
+    another; a target's restart that fails is tried again until it comes back."""
+    for fault in faults:
+        if stop.wait(max(0.0, started + fault.at_s - time.time())):
+            return
+        at = time.time() - started
+        say(f"fault at {at:.0f} s: {fault.kind} {fault.target} for {fault.hold_s:.0f} s")
+        detail = ""
+        if fault.kind == "kill":
+            stack.kill(fault.target)
+            time.sleep(fault.hold_s)
+            for attempt in range(5):
+                try:
+                    stack.restart(fault.target)
+                    detail = "SIGKILL; restarted" + (f" (try {attempt + 1})" if attempt else "")
+                    break
+                except Exception as exc:  # a restart that fails is a finding: try again, say so
+                    detail = f"restart failed: {exc}"
+                    time.sleep(2.0)
+        else:
+            stack.pause(fault.target)
+            time.sleep(fault.hold_s)
+            stack.resume(fault.target)
+            detail = "SIGSTOP, then SIGCONT"
+        back = time.time() - started
+        record(
+            {**asdict(fault), "at_s": round(at, 1), "back_at_s": round(back, 1), "detail": detail}
+        )
