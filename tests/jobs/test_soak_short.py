@@ -29,6 +29,8 @@ def test_a_short_soak_with_faults_loses_nothing_and_answers_everything_once(
     assert checks["batch_lines"]["lines"] >= SHORT.rates.batch_lines
     assert checks["batch_lines"]["answered_once"] == checks["batch_lines"]["lines"]
     assert checks["event_streams"]["streams"] >= 1
+    assert checks["rollout_batches"]["batches"] == checks["rollout_batches"]["ended"] >= 1
+    assert checks["rollout_batches"]["groups_taken"] >= 4  # each task's first round at least
     assert {"gateway-1", "worker-1", "broker", "redis"} <= set(report["processes"])
     markdown = (tmp_path / "soak-bench.md").read_text()
     assert "**PASSED**" in markdown and report["cpu"] in markdown

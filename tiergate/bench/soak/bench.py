@@ -30,6 +30,8 @@ from tiergate.bench.soak import check, faults, load
 from tiergate.bench.soak.report import render
 from tiergate.bench.soak.stack import TENANTS, RealEngines, SoakStack
 from tiergate.jobs.state.store import JobStore
+from tiergate.jobsclient.errors import JobsError
+from tiergate.jobsclient.sync import JobsClient
 
 TERMINAL_JOB = {"completed", "failed", "cancelled", "incomplete", "expired"}
 TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
@@ -256,6 +258,39 @@ def _read_batches(
     return ends
 
 
+def _read_rollouts(
+    stack: SoakStack, history: load.History, deadline: float
+) -> dict[str, dict[str, Any]]:
+    """Each rollout batch's end, once its trainer's group reader has returned (it returns
+    when the batch ends)."""
+    while time.time() < deadline:
+        started = {r["n"] for r in history.of("rollouts_started")}
+        if len(history.of("rollouts")) >= len(started):
+            break
+        say("waiting for the rollout batches' group readers")
+        time.sleep(5)
+    ends: dict[str, dict[str, Any]] = {}
+    for rec in history.of("rollouts"):
+        if not rec.get("id"):
+            continue
+        with JobsClient(base_url=stack.url, api_key=stack.keys.secrets[rec["tenant"]]) as client:
+            try:
+                batch = client.get_batch(rec["id"])
+            except JobsError as exc:
+                ends[rec["id"]] = {"status": None, "error": str(exc)}
+                continue
+        ends[rec["id"]] = {
+            "status": batch.status,
+            "rollouts": len(batch.rollouts),
+            "ended": sum(1 for x in batch.rollouts if x.status in _ROLLOUT_ENDED),
+            "task_rounds": sorted({(x.task_id, x.round) for x in batch.rollouts}),
+        }
+    return ends
+
+
+_ROLLOUT_ENDED = {"completed", "incomplete", "failed", "cancelled"}
+
+
 def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
     work = new_work_dir()
     cpu = cpu_model()
@@ -314,6 +349,10 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
                     client, history, j["tenant"], stack.keys.secrets[j["tenant"]], j["id"], deadline
                 )
 
+        def rollouts(n: int) -> None:
+            t = tenants[n % 2]
+            load.rollout_batch(stack.url, history, t, stack.keys.secrets[t], n, r)
+
         runners = [
             lambda: sampler.run(stop),
             lambda: faults.inject(stack, plan, history.start, stop, fault_log.append, say),
@@ -321,6 +360,7 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
             lambda: load.paced(r.jobs_per_s, stop, job),
             lambda: load.paced(r.batches_per_s, stop, batch),
             lambda: load.paced(r.streams_per_s, stop, stream),
+            lambda: load.paced(r.rollout_batches_per_s, stop, rollouts),
         ]
         threads = [threading.Thread(target=fn, daemon=True) for fn in runners]
         for th in threads:
@@ -340,7 +380,7 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         deadline = time.time() + params.drain_seconds
         job_ends = _read_jobs(client, stack, history.of("job"), deadline)
         batch_ends = _read_batches(client, stack, history.of("batch"), deadline)
-        time.sleep(2)  # the event streams' last reads
+        rollout_ends = _read_rollouts(stack, history, deadline)
         client.close()
     finally:
         stop.set()
@@ -354,6 +394,7 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         "jobs": check.check_jobs(history.of("job"), job_ends),
         "batch_lines": check.check_batches(history.of("batch"), batch_ends),
         "event_streams": check.check_streams(history.of("events")),
+        "rollout_batches": check.check_rollouts(history.of("rollouts"), rollout_ends),
     }.items():
         checks[name] = counts
         violations += found

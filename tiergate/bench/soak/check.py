@@ -146,3 +146,44 @@ def check_streams(records: list[dict[str, Any]]) -> Checked:
         "without_gap": len(records) - gaps,
         "ended": sum(1 for r in records if r["done"]),
     }, violations
+
+
+def check_rollouts(records: list[dict[str, Any]], ends: dict[str, dict[str, Any]]) -> Checked:
+    """``ends[id]``: the batch read back (``status``, ``rollouts``, ``ended``,
+    ``task_rounds``). Every rollout batch ended with every rollout ended; its trainer took
+    each group once, in ``seq`` order without a gap, and one group per (task, round) at
+    most."""
+    violations = []
+    groups = 0
+    for r in records:
+        if not r.get("id"):
+            violations.append(f"rollout batch of {r['tenant']} not created: {r.get('error')}")
+            continue
+        end = ends.get(r["id"], {})
+        if end.get("status") not in ("completed", "failed", "cancelled", "expired"):
+            violations.append(f"rollout batch {r['id']} did not end: {end.get('status')}")
+        elif end.get("ended") != end.get("rollouts"):
+            violations.append(
+                f"rollout batch {r['id']}: "
+                f"{end.get('ended')} of {end.get('rollouts')} rollouts ended"
+            )
+        if r.get("error"):
+            violations.append(f"rollout batch {r['id']}: the trainer's reader failed: {r['error']}")
+        seqs = [g[0] for g in r["groups"]]
+        pairs = [(g[1], g[2]) for g in r["groups"]]
+        groups += len(seqs)
+        if seqs != list(range(1, len(seqs) + 1)):
+            violations.append(
+                f"rollout batch {r['id']}: groups out of order, repeated or with a gap {seqs[:20]}"
+            )
+        if len(set(pairs)) != len(pairs):
+            violations.append(f"rollout batch {r['id']}: a (task, round) group taken twice")
+    return {
+        "batches": len(records),
+        "ended": sum(
+            1
+            for e in ends.values()
+            if e.get("status") in ("completed", "failed", "cancelled", "expired")
+        ),
+        "groups_taken": groups,
+    }, violations

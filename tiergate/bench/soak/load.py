@@ -30,6 +30,8 @@ import httpx
 
 from tiergate.bench.soak.stack import TENANTS
 from tiergate.bench.stub_model import MODEL
+from tiergate.jobsclient.errors import JobsError
+from tiergate.jobsclient.sync import JobsClient
 
 TIERS = (("default", "standard"), ("priority", "fast"), ("flex", "standard"))
 HOSTILE = {
@@ -48,6 +50,7 @@ class Rates:
     batches_per_s: float = 1 / 60
     batch_lines: int = 20
     streams_per_s: float = 0.05
+    rollout_batches_per_s: float = 1 / 600
     hostile_every: int = 5
     chat_timeout_s: float = 60.0
     model: str = MODEL
@@ -59,6 +62,7 @@ class Rates:
             "batches_per_min": round(self.batches_per_s * 60, 2),
             "batch_lines": self.batch_lines,
             "event_streams_per_min": round(self.streams_per_s * 60, 2),
+            "rollout_batches_per_hour": round(self.rollout_batches_per_s * 3600, 2),
         }
 
 
@@ -335,6 +339,41 @@ def follow_events(
         reconnects=reconnects,
         error=error,
     )
+
+
+# The verifier's coin: a sample passes half the time, so that tasks go on to a second round.
+_COIN = "test $(( $(od -An -N1 -tu1 /dev/urandom) % 2 )) -eq 0 && touch done; true"
+
+
+def rollout_batch(
+    base_url: str, history: History, tenant: str, key: str, n: int, rates: Rates
+) -> None:
+    """A rollout batch (4 tasks, 2 samples, up to 2 rounds), its groups taken as a trainer
+    takes them while it runs; every group's ``seq`` and (task, round) recorded."""
+    tasks = [
+        {
+            "model": rates.model,
+            "instruction": f"sleep 1 && {_COIN}",
+            "limits": {"max_steps": 2, "timeout_seconds": 120},
+            "verifier": {"command": "test -f done"},
+            "domain": f"soak-{tenant}",
+            "task_id": f"{tenant}-r{n}-t{i}",
+        }
+        for i in range(4)
+    ]
+    t0 = time.time() - history.start
+    history.add(kind="rollouts_started", tenant=tenant, n=n, t0=t0)
+    rec: dict[str, Any] = {"kind": "rollouts", "tenant": tenant, "n": n, "t0": t0}
+    groups: list[tuple[int, str, int]] = []
+    try:
+        with JobsClient(base_url=base_url, api_key=key, timeout=30) as client:
+            batch = client.submit_batch(tasks, samples_per_task=2, rounds=2, max_in_flight=4)
+            rec["id"] = batch.id
+            for group in client.groups(batch.id, poll_seconds=2.0, timeout=1800):
+                groups.append((int(group["seq"]), str(group["task_id"]), int(group["round"])))
+    except JobsError as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    history.add(**rec, groups=groups)
 
 
 def paced(rate: float, stop: threading.Event, call: Callable[[int], None]) -> None:
