@@ -1,7 +1,7 @@
 """``tiergate bench soak --short`` in the suite (issue 54): the chart's topology on this
 machine (two gateway replicas behind nginx, Redis, two workers, the broker, the store, a
-stand-in engine per tier), every surface driven at once for three minutes while six kinds
-of fault land on their schedule, and the history checked: nothing lost, nothing answered
+stand-in engine per tier), every surface driven at once for three and a half minutes while
+eight kinds of fault land on their schedule, and the history checked: nothing lost, nothing answered
 twice, nothing hung, every refusal typed, no tenant's marker in another's answers."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def test_a_short_soak_with_faults_loses_nothing_and_answers_everything_once(
     assert report["passed"]
     # Every planned fault landed, and its target came back.
     assert sorted((f["kind"], f["target"]) for f in report["faults"]) == sorted(SHORT.kinds)
-    assert all("restarted" in f["detail"] or "SIGCONT" in f["detail"] for f in report["faults"])
+    landed = ("restarted", "SIGCONT", "filled, then emptied", "then none")
+    assert all(any(w in f["detail"] for w in landed) for f in report["faults"]), report["faults"]
     checks = report["checks"]
     # The load was real on every surface, and what was accepted was checked.
     assert checks["interactive"]["answered"] > 100

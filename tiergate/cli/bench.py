@@ -499,7 +499,7 @@ def bench_soak_cmd(
         ),
     ] = "stand-in",
     short: Annotated[
-        bool, typer.Option("--short", help="The suite's 3-minute form, six kinds of fault")
+        bool, typer.Option("--short", help="The suite's 3.5-minute form, eight kinds of fault")
     ] = False,
     out: Annotated[Path, typer.Option(help="Report folder")] = Path("reports"),
 ) -> None:

@@ -67,9 +67,10 @@ VLLM_RATES = load.Rates(
 )
 
 
-# The suite's form: three minutes, the kinds of fault the chart's pods meet most.
+# The suite's form: three and a half minutes, the kinds of fault the chart's pods meet
+# most, a full workspace volume and a slow store among them.
 SHORT = SoakParams(
-    minutes=3.0,
+    minutes=3.5,
     warmup_minutes=0.5,
     fault_rounds=1,
     sample_seconds=5.0,
@@ -81,6 +82,8 @@ SHORT = SoakParams(
         ("stop", "worker-2"),
         ("kill", "broker"),
         ("kill", "redis"),
+        ("fill", "worker-1"),
+        ("slow", "store-network"),
     ),
 )
 

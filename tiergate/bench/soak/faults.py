@@ -2,8 +2,8 @@
 followed by the container's restart, and SIGSTOP/SIGCONT pauses; injected one at a time
 by :func:`inject`, each recorded with when it began and when its target was back.
 
-Not injected yet (the issue asks for them): a full disk on a worker's workspace volume
-and a slow network toward the store; see ``docs/reliability.md``.
+Besides: ``fill`` (a worker's workspace volume filled to its last byte, then emptied)
+and ``slow`` (every chunk between the gateways or workers and the store delayed).
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("stop", "broker"),
     ("kill", "gateway-2"),
     ("kill", "worker-2"),
+    ("fill", "worker-1"),
+    ("slow", "store-network"),
 )
+SLOW_STORE_DELAY = 0.2  # seconds before each chunk to and from the store
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ def schedule(
     faults = []
     for i, (kind, target) in enumerate(picked):
         hold = rng.uniform(2.0, 6.0) if kind == "kill" else rng.uniform(8.0, 16.0)
+        if kind in ("fill", "slow"):
+            hold = rng.uniform(20.0, 40.0)
+        hold = max(2.0, min(hold, 0.6 * gap))  # a fault ends before the next is due
         faults.append(Fault(round(start_s + i * gap, 1), kind, target, round(hold, 1)))
     return faults
 
@@ -86,11 +92,21 @@ def inject(
                 except Exception as exc:  # a restart that fails is a finding: try again, say so
                     detail = f"restart failed: {exc}"
                     time.sleep(2.0)
-        else:
+        elif fault.kind == "stop":
             stack.pause(fault.target)
             time.sleep(fault.hold_s)
             stack.resume(fault.target)
             detail = "SIGSTOP, then SIGCONT"
+        elif fault.kind == "fill":
+            filled = stack.fill_workspace(fault.target)
+            time.sleep(fault.hold_s)
+            stack.free_workspace(fault.target)
+            detail = "volume filled, then emptied" if filled else "not injected: no volume"
+        else:
+            stack.slow_store(SLOW_STORE_DELAY)
+            time.sleep(fault.hold_s)
+            stack.slow_store(0.0)
+            detail = f"{SLOW_STORE_DELAY * 1000:.0f} ms before each chunk, then none"
         back = time.time() - started
         record(
             {**asdict(fault), "at_s": round(at, 1), "back_at_s": round(back, 1), "detail": detail}

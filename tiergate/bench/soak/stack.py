@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 from tiergate.bench.jobs.stack import child_env, jobs_tree
+from tiergate.bench.soak.netdelay import DelayProxy
 from tiergate.engine.command import vllm_command, vllm_environment
 from tiergate.engine.process import healthy
 from tiergate.gateway.access.auth import new_key
@@ -41,6 +43,8 @@ from tiergate.tiers import Tier
 from tiergate.tuning.plan import Waiting, tier_plan
 
 TENANTS = ("team-a", "team-b")
+WORKSPACE_MB = 1024  # each worker's workspace volume, as the chart's emptyDir sizeLimit
+FILLER = ".soak-filler"  # the file a "full disk" fault fills a workspace volume with
 WORKER_UIDS = 4  # each worker's sandbox uid range: one per slot
 WORKER_SLOTS = 3
 
@@ -170,6 +174,10 @@ class SoakStack:
         self.port = free_port()
         self.settings: JobsSettings | None = None
         self.metrics_ports: dict[str, int] = {}
+        self.store_proxy: DelayProxy | None = None
+        # Each worker's workspace volume (a tmpfs of WORKSPACE_MB where it can be mounted:
+        # root), by worker; None where it could not be.
+        self.workspaces: dict[str, Path | None] = {}
 
     @property
     def url(self) -> str:
@@ -179,6 +187,8 @@ class SoakStack:
         self.store.start()
         self.servers["store"] = self.store
         ensure_bucket(self.store.url, BROKER_BUCKET)
+        # The gateways and workers reach the store through a proxy that a fault slows.
+        self.store_proxy = DelayProxy(self.store.port).start()
         self._add(broker(free_port(), self.store.url, self.work / "tansu.log"), "broker")
         redis_port = free_port()
         redis_argv = [shutil.which("redis-server") or "redis-server", "--port", str(redis_port)]
@@ -198,7 +208,7 @@ class SoakStack:
             engines[tier] = f"http://127.0.0.1:{port}"
         jobs = jobs_tree(
             self.servers["broker"].address,
-            self.store.url,
+            self.store_proxy.url,
             self.url,
             self.work,
             outstanding=400,
@@ -256,7 +266,12 @@ class SoakStack:
         port = free_port()
         self.metrics_ports[f"worker-{i}"] = port
         tree["worker"].update(metrics_port=port, concurrency=WORKER_SLOTS, api_key=self.keys.worker)
-        tree["sandbox"].update(uid=100000 + WORKER_UIDS * i, uids=WORKER_UIDS)
+        workspace = self.work / f"workspaces-{i}"
+        workspace.mkdir(mode=0o755, exist_ok=True)
+        self.workspaces[f"worker-{i}"] = mount_small_volume(workspace, WORKSPACE_MB)
+        tree["sandbox"].update(
+            uid=100000 + WORKER_UIDS * i, uids=WORKER_UIDS, work_dir=str(workspace)
+        )
         config = self.work / f"worker-{i}.yaml"
         config.write_text(yaml.safe_dump({"jobs": tree, "gateway": {"log_requests": False}}))
         env = child_env(config)
@@ -295,6 +310,31 @@ class SoakStack:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, sig)
 
+    def slow_store(self, delay: float) -> None:
+        """Every chunk between the gateways or workers and the store waits ``delay`` s."""
+        assert self.store_proxy is not None
+        self.store_proxy.delay = delay
+
+    def fill_workspace(self, worker: str) -> bool:
+        """Fill the worker's workspace volume to its last byte; False where the worker
+        has no volume of its own (not root: the machine's disk is not filled)."""
+        volume = self.workspaces.get(worker)
+        if volume is None:
+            return False
+        free = shutil.disk_usage(volume).free
+        with (volume / FILLER).open("wb") as out:
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(out.fileno(), 0, free)
+            with contextlib.suppress(OSError):  # what fallocate left, written
+                while out.write(b"\0" * 1048576):
+                    pass
+        return True
+
+    def free_workspace(self, worker: str) -> None:
+        volume = self.workspaces.get(worker)
+        if volume is not None:
+            (volume / FILLER).unlink(missing_ok=True)
+
     def restart(self, name: str, timeout: float = 90.0) -> None:
         """Start ``name`` again on its ports and data (a container's restart)."""
         server = self.servers[name]
@@ -311,3 +351,20 @@ class SoakStack:
             with contextlib.suppress(Exception):
                 self.resume(name)
                 server.stop()
+        if self.store_proxy is not None:
+            self.store_proxy.stop()
+        for volume in self.workspaces.values():
+            if volume is not None:
+                subprocess.run(["umount", "-l", str(volume)], check=False, capture_output=True)
+
+
+def mount_small_volume(path: Path, size_mb: int) -> Path | None:
+    """A tmpfs of ``size_mb`` at ``path`` (root only); None where it cannot be mounted."""
+    if os.geteuid() != 0:
+        return None
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "soak-workspace", str(path)],
+        check=False,
+        capture_output=True,
+    )
+    return path if done.returncode == 0 else None
