@@ -25,6 +25,8 @@ def test_a_short_soak_with_faults_loses_nothing_and_answers_everything_once(
     checks = report["checks"]
     # The load was real on every surface, and what was accepted was checked.
     assert checks["interactive"]["answered"] > 100
+    assert checks["interactive"]["responses_api_answered"] > 10
+    assert checks["interactive"]["streams_answered"] > 30
     assert checks["jobs"]["accepted"] >= 10 and checks["jobs"]["hostile_accepted"] >= 1
     assert checks["jobs"]["ended_once"] == checks["jobs"]["accepted"]
     assert checks["batch_lines"]["lines"] >= SHORT.rates.batch_lines

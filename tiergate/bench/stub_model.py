@@ -6,7 +6,8 @@ answer gives it in a ```bash block; once the conversation holds its output (anyt
 after the first assistant message) the answer is ``DONE``. It costs nothing, so what the
 benchmark measures is the queue, the workers and the sandbox. Asked to stream (the soak's
 interactive calls), it sends the answer a word at a time, ``STREAM_GAP`` apart, and its
-usage last. Run as ``python -m tiergate.bench.stub_model PORT``.
+usage last; ``POST /v1/responses`` answers the same way in the Responses API's shapes.
+Run as ``python -m tiergate.bench.stub_model PORT``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,55 @@ def build_app() -> web.Application:
             }
         )
 
-    return model_server(MODEL, chat)
+    async def responses(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        text = body.get("input")
+        messages = [{"role": "user", "content": text if isinstance(text, str) else "true"}]
+        content = reply_for(messages)
+        if body.get("stream"):
+            return await _stream_response(request, content)
+        return web.json_response(_response_object(content, "completed"))
+
+    app = model_server(MODEL, chat)
+    app.router.add_post("/v1/responses", responses)
+    return app
+
+
+def _response_object(content: str, status: str) -> dict[str, Any]:
+    words = len(content.split(" "))
+    text = {"type": "output_text", "text": content, "annotations": []}
+    message = {"type": "message", "id": "msg_stub", "role": "assistant", "status": status}
+    return {
+        "id": "resp_stub",
+        "object": "response",
+        "created_at": 1,
+        "model": MODEL,
+        "status": status,
+        "output": [{**message, "content": [text]}] if status == "completed" else [],
+        "usage": {"input_tokens": 1, "output_tokens": words, "total_tokens": 1 + words},
+    }
+
+
+async def _stream_response(request: web.Request, content: str) -> web.StreamResponse:
+    """The Responses API's typed events: created, a delta per word, completed."""
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    seq = 0
+
+    async def send(kind: str, **data: Any) -> None:
+        nonlocal seq
+        seq += 1
+        event = {"type": kind, "sequence_number": seq, **data}
+        await resp.write(f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode())
+
+    await send("response.created", response=_response_object("", "in_progress"))
+    for i, word in enumerate(content.split(" ")):
+        await asyncio.sleep(STREAM_GAP)
+        delta = word if i == 0 else " " + word
+        await send("response.output_text.delta", item_id="msg_stub", output_index=0, delta=delta)
+    await send("response.completed", response=_response_object(content, "completed"))
+    await resp.write_eof()
+    return resp
 
 
 def _chunk(delta: dict[str, Any], finish: str | None, usage: Any = None) -> bytes:

@@ -401,6 +401,14 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
     }.items():
         checks[name] = counts
         violations += found
+    # The run itself: every planned fault injected, and its target back.
+    for done in fault_log:
+        if done["detail"].startswith(("not injected", "restart failed")):
+            violations.append(
+                f"fault {done['kind']} {done['target']} at {done['at_s']} s: {done['detail']}"
+            )
+    if len(fault_log) < len(plan):
+        violations.append(f"{len(plan) - len(fault_log)} planned fault(s) never ran")
     restarts = {
         name: [f["back_at_s"] for f in fault_log if f["target"] == name and f["kind"] == "kill"]
         for name in sampler.processes

@@ -43,6 +43,10 @@ def check_chat(records: list[dict[str, Any]], faults: list[dict[str, Any]]) -> C
         "answered": counts["answered"],
         "refused_typed": counts["refused"],
         "cut_by_replica_kill": cut_by_kill,
+        "responses_api_answered": sum(
+            1 for r in records if r.get("api") == "responses" and r["outcome"] == "answered"
+        ),
+        "streams_answered": sum(1 for r in records if r["stream"] and r["outcome"] == "answered"),
         "untyped": counts["untyped"],
         "hung": counts["hung"],
     }, violations

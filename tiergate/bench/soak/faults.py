@@ -80,34 +80,45 @@ def inject(
             return
         at = time.time() - started
         say(f"fault at {at:.0f} s: {fault.kind} {fault.target} for {fault.hold_s:.0f} s")
-        detail = ""
-        if fault.kind == "kill":
-            stack.kill(fault.target)
-            time.sleep(fault.hold_s)
-            for attempt in range(5):
-                try:
-                    stack.restart(fault.target)
-                    detail = "SIGKILL; restarted" + (f" (try {attempt + 1})" if attempt else "")
-                    break
-                except Exception as exc:  # a restart that fails is a finding: try again, say so
-                    detail = f"restart failed: {exc}"
-                    time.sleep(2.0)
-        elif fault.kind == "stop":
-            stack.pause(fault.target)
-            time.sleep(fault.hold_s)
-            stack.resume(fault.target)
-            detail = "SIGSTOP, then SIGCONT"
-        elif fault.kind == "fill":
-            filled = stack.fill_workspace(fault.target)
-            time.sleep(fault.hold_s)
-            stack.free_workspace(fault.target)
-            detail = "volume filled, then emptied" if filled else "not injected: no volume"
-        else:
-            stack.slow_store(SLOW_STORE_DELAY)
-            time.sleep(fault.hold_s)
-            stack.slow_store(0.0)
-            detail = f"{SLOW_STORE_DELAY * 1000:.0f} ms before each chunk, then none"
+        try:
+            detail = _inject_one(stack, fault)
+        except Exception as exc:  # a fault that could not be injected is said, not fatal
+            detail = f"not injected: {type(exc).__name__}: {exc}"
         back = time.time() - started
         record(
             {**asdict(fault), "at_s": round(at, 1), "back_at_s": round(back, 1), "detail": detail}
         )
+
+
+def _inject_one(stack: SoakStack, fault: Fault) -> str:
+    """Inject ``fault``, hold it, undo it; what was done, in words."""
+    if fault.kind == "kill":
+        stack.kill(fault.target)
+        time.sleep(fault.hold_s)
+        detail = ""
+        for attempt in range(5):
+            try:
+                stack.restart(fault.target)
+                return "SIGKILL; restarted" + (f" (try {attempt + 1})" if attempt else "")
+            except Exception as exc:  # a restart that fails is a finding: try again, say so
+                detail = f"restart failed: {exc}"
+                time.sleep(2.0)
+        return detail
+    if fault.kind == "stop":
+        stack.pause(fault.target)
+        time.sleep(fault.hold_s)
+        stack.resume(fault.target)
+        return "SIGSTOP, then SIGCONT"
+    if fault.kind == "fill":
+        try:
+            filled = stack.fill_workspace(fault.target)
+            time.sleep(fault.hold_s)
+        finally:
+            stack.free_workspace(fault.target)
+        return "volume filled, then emptied" if filled else "not injected: no volume"
+    stack.slow_store(SLOW_STORE_DELAY)
+    try:
+        time.sleep(fault.hold_s)
+    finally:
+        stack.slow_store(0.0)
+    return f"{SLOW_STORE_DELAY * 1000:.0f} ms before each chunk, then none"

@@ -2,8 +2,8 @@
 :class:`History` with what it was told and when.
 
 Drivers (threads, each at its own rate, the tenants taking turns):
-- ``chat``: chat completions on ``default`` (standard), ``priority`` (fast) and ``flex``,
-  streamed and not, some with a tool offered;
+- ``chat``: chat completions (and one call in three the Responses API) on ``default``
+  (standard), ``priority`` (fast) and ``flex``, streamed and not, some with a tool offered;
 - ``jobs``: agent jobs, one in ``hostile_every`` hostile (a fork bomb, a disk filler,
   endless output), each followed to its end afterwards;
 - ``batches``: an OpenAI batch (a JSONL upload, then ``POST /v1/batches``), its output and
@@ -124,20 +124,28 @@ def _chat_body(
 def chat_once(
     client: httpx.Client, history: History, tenant: str, key: str, n: int, rates: Rates
 ) -> None:
+    """One interactive call: chat completions, or one in three the Responses API."""
     timeout = rates.chat_timeout_s
     service_tier, tier = TIERS[n % len(TIERS)]
     stream = n % 2 == 0
     marker = f"{tenant}-{n}"
-    body = _chat_body(rates.model, service_tier, stream, n % 7 == 0, marker)
+    api = "responses" if (n // 2) % 3 == 2 else "chat"
+    if api == "responses":
+        path = "/v1/responses"
+        body: dict[str, Any] = {"model": rates.model, "input": f"say {marker} back"}
+        body.update(max_output_tokens=16, service_tier=service_tier, stream=stream)
+    else:
+        path = "/v1/chat/completions"
+        body = _chat_body(rates.model, service_tier, stream, n % 7 == 0, marker)
     headers = {"authorization": f"Bearer {key}"}
     t0 = time.time()
     rec: dict[str, Any] = {"kind": "chat", "tenant": tenant, "tier": tier, "stream": stream}
-    rec.update(service_tier=service_tier, t0=t0 - history.start, marker=marker)
+    rec.update(service_tier=service_tier, t0=t0 - history.start, marker=marker, api=api)
     try:
         if stream:
-            outcome, status, etype, text = _stream_chat(client, body, headers, timeout)
+            outcome, status, etype, text = _stream_chat(client, path, body, headers, timeout)
         else:
-            resp = client.post("/v1/chat/completions", json=body, headers=headers, timeout=timeout)
+            resp = client.post(path, json=body, headers=headers, timeout=timeout)
             status, etype = resp.status_code, _error_type(resp)
             text = resp.text if status == 200 else ""
             outcome = "answered" if status == 200 else ("refused" if etype else "untyped")
@@ -151,13 +159,12 @@ def chat_once(
 
 
 def _stream_chat(
-    client: httpx.Client, body: dict[str, Any], headers: dict[str, str], timeout: float
+    client: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str], timeout: float
 ) -> tuple[str, int, str | None, str]:
-    """An answer ends with ``[DONE]``; an error event in the stream is a typed refusal."""
+    """A chat answer ends with ``[DONE]``, a response with its terminal event; an error
+    event in the stream is a typed refusal."""
     deadline = time.monotonic() + timeout
-    with client.stream(
-        "POST", "/v1/chat/completions", json=body, headers=headers, timeout=timeout
-    ) as resp:
+    with client.stream("POST", path, json=body, headers=headers, timeout=timeout) as resp:
         if resp.status_code != 200:
             resp.read()
             etype = _error_type(resp)
@@ -175,6 +182,15 @@ def _stream_chat(
             if "error" in event:
                 err = event["error"] or {}
                 return "refused", 200, str(err.get("type") or err.get("code") or "error"), ""
+            kind = event.get("type")
+            if kind == "error":
+                return "refused", 200, str(event.get("code") or "error"), ""
+            if kind in ("response.failed", "response.incomplete"):
+                return "refused", 200, kind, ""
+            if kind == "response.completed":
+                return "answered", 200, None, "".join(parts)
+            if kind == "response.output_text.delta":
+                parts.append(str(event.get("delta") or ""))
             for choice in event.get("choices") or []:
                 parts.append((choice.get("delta") or {}).get("content") or "")
         return "cut", 200, "stream ended without [DONE]", ""

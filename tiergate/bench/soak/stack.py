@@ -322,12 +322,15 @@ class SoakStack:
         if volume is None:
             return False
         free = shutil.disk_usage(volume).free
-        with (volume / FILLER).open("wb") as out:
+        fd = os.open(volume / FILLER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
             with contextlib.suppress(OSError):
-                os.posix_fallocate(out.fileno(), 0, free)
-            with contextlib.suppress(OSError):  # what fallocate left, written
-                while out.write(b"\0" * 1048576):
+                os.posix_fallocate(fd, 0, free)
+            with contextlib.suppress(OSError):  # what fallocate left, written (unbuffered)
+                while os.write(fd, b"\0" * 65536):
                     pass
+        finally:
+            os.close(fd)
         return True
 
     def free_workspace(self, worker: str) -> None:
