@@ -204,18 +204,29 @@ def records_ahead(
     timeout_ms = max(1, int(timeout_s * 1000))
     where = (bootstrap_servers, group, topic)
     with _at_committed(*where, timeout_ms, client_options, "records") as (consumer, partitions):
-        found: dict[TopicPartition, list[tuple[TopicPartition, int, bytes]]] = {
-            tp: [] for tp in partitions
-        }
-        left = set(partitions)
-        while left and time.monotonic() < deadline:
-            polled = consumer.poll(timeout_ms=100, max_records=per_partition * len(partitions))
-            for tp, records in polled.items():
-                for record in records:
-                    if len(found[tp]) < per_partition:
-                        found[tp].append((tp, record.offset, record.value))
-                if len(found[tp]) >= per_partition:
-                    consumer.pause(tp)
-                    left.discard(tp)
-            _drop_read_to_end(consumer, left)
-        return [entry for tp in partitions for entry in found[tp]]
+        return _first_records(consumer, partitions, per_partition, deadline)
+
+
+def _first_records(
+    consumer: KafkaConsumer,
+    partitions: list[TopicPartition],
+    per_partition: int,
+    deadline: float,
+) -> list[tuple[TopicPartition, int, bytes]]:
+    """Up to ``per_partition`` records of each partition from the consumer's positions,
+    until ``deadline`` (``time.monotonic()``)."""
+    found: dict[TopicPartition, list[tuple[TopicPartition, int, bytes]]] = {
+        tp: [] for tp in partitions
+    }
+    left = set(partitions)
+    while left and time.monotonic() < deadline:
+        polled = consumer.poll(timeout_ms=100, max_records=per_partition * len(partitions))
+        for tp, records in polled.items():
+            for record in records:
+                if len(found[tp]) < per_partition:
+                    found[tp].append((tp, record.offset, record.value))
+            if len(found[tp]) >= per_partition:
+                consumer.pause(tp)
+                left.discard(tp)
+        _drop_read_to_end(consumer, left)
+    return [entry for tp in partitions for entry in found[tp]]
