@@ -9,6 +9,7 @@ high watermark. On Kafka itself the fetch starts at the end and returns no recor
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -187,26 +188,6 @@ def backlog_reader(kafka: KafkaSettings, group: str, topic: str) -> Callable[[],
     return read
 
 
-def records_ahead(
-    bootstrap_servers: str,
-    group: str,
-    topic: str,
-    per_partition: int,
-    timeout_s: float = 5.0,
-    client_options: dict[str, Any] | None = None,
-) -> list[tuple[TopicPartition, int, bytes]]:
-    """The first ``per_partition`` messages (partition, offset, value) of each partition of
-    ``topic`` at or past ``group``'s committed position, in offset order per partition:
-    what a worker with a free slot may take over from a busy one (tiergate.jobs.run.steal).
-    What could not be read in ``timeout_s`` is left out; raises :class:`LagUnavailable`
-    when nothing can be read."""
-    deadline = time.monotonic() + timeout_s
-    timeout_ms = max(1, int(timeout_s * 1000))
-    where = (bootstrap_servers, group, topic)
-    with _at_committed(*where, timeout_ms, client_options, "records") as (consumer, partitions):
-        return _first_records(consumer, partitions, per_partition, deadline)
-
-
 def _first_records(
     consumer: KafkaConsumer,
     partitions: list[TopicPartition],
@@ -230,3 +211,80 @@ def _first_records(
                 left.discard(tp)
         _drop_read_to_end(consumer, left)
     return [entry for tp in partitions for entry in found[tp]]
+
+
+class AheadReader:
+    """The first ``per_partition`` messages (partition, offset, value) of each partition of
+    ``topic`` at or past ``group``'s committed position, in offset order per partition:
+    what a worker with a free slot may take over from a busy one (tiergate.jobs.run.steal).
+    What could not be read in ``timeout_s`` is left out; :class:`LagUnavailable` when
+    nothing can be read. One consumer serves every look.
+
+    A worker with a free slot looks every ``steal_after_seconds`` (2 s) while it idles; a
+    consumer per look was, per idle worker, a new connection and coordinator lookup every
+    2 s, and an ERROR line from kafka-python each time it was closed with its metadata
+    refresh in flight ("Metadata refresh: failed Cancelled"; seen by the soak, issue 54).
+    Each look still reads the group's committed positions from the broker
+    (``KafkaConsumer.committed`` always asks), as a consumer per look did. A look that
+    fails drops the consumer; the next starts afresh.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group: str,
+        topic: str,
+        timeout_s: float = 5.0,
+        client_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._where = (bootstrap_servers, group, topic)
+        self._timeout_s = timeout_s
+        self._client_options = client_options
+        self._consumer: KafkaConsumer | None = None
+        self._lock = threading.Lock()  # a consumer is one thread's at a time
+
+    def read(self, per_partition: int) -> list[tuple[TopicPartition, int, bytes]]:
+        with self._lock:
+            return self._read(per_partition)
+
+    def _read(self, per_partition: int) -> list[tuple[TopicPartition, int, bytes]]:
+        bootstrap_servers, group, topic = self._where
+        deadline = time.monotonic() + self._timeout_s
+        timeout_ms = max(1, int(self._timeout_s * 1000))
+        if self._consumer is None:
+            self._consumer = _reader(
+                bootstrap_servers, group, timeout_ms, self._client_options, fetch_max_wait_ms=50
+            )
+        consumer = self._consumer
+        try:
+            partitions = [
+                TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])
+            ]
+            if not partitions:
+                raise LagUnavailable(f"topic {topic!r} not found on {bootstrap_servers}")
+            starts = consumer.beginning_offsets(partitions, timeout_ms=timeout_ms)
+            # Fresh partition states (assign keeps a partition's, its high watermark and
+            # pause of the last look among them, which would end this look early).
+            consumer.unsubscribe()
+            consumer.assign(partitions)
+            for tp in partitions:
+                committed = consumer.committed(tp, timeout_ms=timeout_ms)
+                consumer.seek(tp, max(starts[tp], committed or 0))
+            return _first_records(consumer, partitions, per_partition, deadline)
+        except LagUnavailable:
+            self._drop()
+            raise
+        except (KafkaError, KeyError, TimeoutError, AssertionError) as exc:
+            self._drop()
+            raise LagUnavailable(
+                f"records of group {group!r} on {topic!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close(autocommit=False)

@@ -4,7 +4,8 @@ A partition belongs to one worker of the group; a worker whose slots are all bus
 its partitions, so the jobs behind its running ones would wait for one of its own slots
 although another worker sits idle. A worker with a free slot whose own partitions have
 given it nothing for ``steal_after_seconds`` therefore looks at the first records past
-the group's committed position on every partition (:func:`tiergate.queue.lag.records_ahead`),
+the group's committed position on every partition (:class:`tiergate.queue.lag.AheadReader`,
+one consumer kept between looks),
 and takes over a job that is still ``queued`` in a partition it does not own. The run
 lease (tiergate.jobs.state.lease) makes that safe: whoever takes the job's lease first runs it,
 the other finds it held (or ended) and moves on; the partition's owner commits the record
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.jobsettings import JobsSettings
 from tiergate.protocol import JobMessage, JobStatus
-from tiergate.queue.lag import LagUnavailable, records_ahead
+from tiergate.queue.lag import AheadReader, LagUnavailable
 
 log = logging.getLogger("tiergate.steal")
 
@@ -50,16 +51,23 @@ class Stealer:
         kafka = settings.kafka
         self._store = store
         self._partitions = kafka.partitions
-        self._read = read or (
-            lambda per: records_ahead(
+        # One reader for the worker's life: a look every steal_after_seconds while it idles.
+        self._reader: AheadReader | None = None
+        if read is None:
+            self._reader = AheadReader(
                 kafka.bootstrap_servers,
                 kafka.group,
                 kafka.topic,
-                per,
                 client_options=kafka.client_options(),
             )
-        )
+            read = self._reader.read
+        self._read = read
         self._taken: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Close the reader's consumer (the worker is stopping)."""
+        if self._reader is not None:
+            self._reader.close()
 
     def candidates(
         self, wanted: int, owned: set[TopicPartition]

@@ -120,6 +120,9 @@ class Worker:
             group: Membership(group, kafka.assignment)
             for group in (kafka.group, f"{kafka.group}-retry", kafka.batch_group)
         }
+        self.stealer = (
+            Stealer(settings, self._store) if settings.worker.steal_after_seconds > 0 else None
+        )
         self.consumer = JobConsumer(
             self._jobs_consumer,
             settings.worker.concurrency,
@@ -127,9 +130,7 @@ class Worker:
             self._stopping,
             self.liveness.beat,
             self._busy,
-            Stealer(settings, self._store).candidates
-            if settings.worker.steal_after_seconds > 0
-            else None,
+            self.stealer.candidates if self.stealer is not None else None,
             settings.worker.steal_after_seconds,
             self.memberships[kafka.group].refused,
         )
@@ -242,6 +243,8 @@ class Worker:
         self.liveness.stopping()
         for thread in self._threads:
             thread.join(max(0.0, self._drain_until - time.monotonic()) + 20)
+        if self.stealer is not None:
+            self.stealer.close()
         self._queue.close()
         if self.http is not None:
             self.http.stop()
