@@ -6,6 +6,8 @@ twice, nothing hung, every refusal typed, no tenant's marker in another's answer
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 from tiergate.bench.soak.bench import SHORT, run_soak
@@ -35,6 +37,9 @@ def test_a_short_soak_with_faults_loses_nothing_and_answers_everything_once(
     assert checks["rollout_batches"]["batches"] == checks["rollout_batches"]["ended"] >= 1
     assert checks["rollout_batches"]["groups_taken"] >= 4  # each task's first round at least
     assert {"gateway-1", "worker-1", "broker", "redis"} <= set(report["processes"])
+    with gzip.open(tmp_path / "soak-history.jsonl.gz", "rt") as history:
+        kinds = {json.loads(line)["kind"] for line in history}
+    assert {"chat", "job", "batch", "events", "rollouts", "fault"} <= kinds
     markdown = (tmp_path / "soak-bench.md").read_text()
     assert "**PASSED**" in markdown and report["cpu"] in markdown
     chart(report, tmp_path / "soak-bench.png")

@@ -55,7 +55,12 @@ def _report() -> dict[str, Any]:
             "worker-1": [[t, 120.0, 30] for t in (0.0, 60.0, 120.0, 180.0)],
         },
         "growth": {
-            "gateway-1": {"rss_mb_after_warmup": 80.5, "rss_mb_end": 83.0, "pct_per_hour": 62.1},
+            "gateway-1": {
+                "rss_mb_after_warmup": 80.5,
+                "rss_mb_end": 83.0,
+                "pct_per_hour": 62.1,
+                "window_s": [60.0, 180.0],
+            },
             "worker-1": {"rss_mb_after_warmup": 120.0, "rss_mb_end": 120.0, "pct_per_hour": None},
         },
         "lane": [[0.0, 4], [60.0, 2], [120.0, 4]],
@@ -75,8 +80,8 @@ def test_the_markdown_says_what_a_reader_checks() -> None:
     assert "**FAILED**: 1 violation." in md and "- job job_x ended twice" in md
     assert "| 1.0 | kill | worker-1 | 3.5 | SIGKILL; restarted |" in md
     assert "| 2.0 | stop | gateway-1 | 10.0 | SIGSTOP for 10 s |" in md
-    assert "| gateway-1 | 80.5 | 83.0 | +62.1 |" in md
-    assert "| worker-1 | 120.0 | 120.0 | - |" in md
+    assert "| gateway-1 | 1-3 | 80.5 | 83.0 | +62.1 |" in md
+    assert "| worker-1 | - | 120.0 | 120.0 | - |" in md
     assert "| jobs | duplicated | 1 |" in md
     assert "| 2 | batch | 0 | - | - | 1 | 0 |" in md
     assert "`soak-bench.png`" in md
@@ -111,3 +116,18 @@ def test_the_chart_is_a_png(tmp_path: Path) -> None:
     r.update(faults=[], lane=[], queue_lag=[], growth={})
     chart(r, empty)
     assert empty.stat().st_size > 0
+
+
+def test_growth_is_fitted_over_the_longest_stretch_without_a_restart() -> None:
+    """A process restarted late would otherwise show its own warm-up as growth."""
+    from tiergate.bench.soak.bench import growth
+
+    # Flat at 100 MB from the warm-up (600 s) to a restart at 2400 s; then a fresh process
+    # climbing from 50 MB (its warm-up) to the end.
+    series = [[float(t), 100.0] for t in range(600, 2400, 10)]
+    series += [[float(t), 50.0 + (t - 2400) / 10] for t in range(2410, 3600, 10)]
+    g = growth(series, 600.0, [(2395.0, 2400.0)])
+    assert g["window_s"] == [600.0, 2390.0]
+    assert g["pct_per_hour"] == 0.0
+    # A stretch under five minutes is not fitted.
+    assert growth(series[:20], 600.0, [])["pct_per_hour"] is None

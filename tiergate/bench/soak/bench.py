@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import json
 import os
 import statistics
@@ -35,6 +36,7 @@ from tiergate.jobsclient.sync import JobsClient
 
 TERMINAL_JOB = {"completed", "failed", "cancelled", "incomplete", "expired"}
 TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
+LATE_FAULTS_SECONDS = 600.0
 
 
 def say(message: str) -> None:
@@ -88,6 +90,19 @@ SHORT = SoakParams(
 )
 
 
+def _usage(pid: int, session: bool) -> tuple[float, int]:
+    """Resident MB and open files of process ``pid``, or (``session``) of every process in
+    its session (it leads one: what it started is counted with it)."""
+    if not session:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            files = len(os.listdir(f"/proc/{pid}/fd"))
+        except (OSError, IndexError):
+            return 0.0, 0
+        return int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 1048576, files
+    return _session_usage(pid)
+
+
 def _session_usage(sid: int) -> tuple[float, int]:
     """Resident MB and open files of every process in session ``sid``."""
     rss_kb = 0
@@ -121,8 +136,9 @@ def _metric_sum(url: str, name: str) -> float | None:
 
 
 class Sampler:
-    """Every ``every`` seconds: each process's RSS and open files; the patient lane's
-    limit (gateway-1's metrics) and the queue lag (the workers' metrics)."""
+    """Every ``every`` seconds: each process's RSS and open files (with what it started,
+    an engine's core processes among them; a worker alone, without its jobs' sandboxes);
+    the patient lane's limit (gateway-1's metrics) and the queue lag (the workers')."""
 
     def __init__(self, stack: SoakStack, started: float, every: float) -> None:
         self.stack, self.started, self.every = stack, started, every
@@ -136,7 +152,9 @@ class Sampler:
             for name in self.stack.servers:
                 pid = self.stack.pid(name)
                 if pid is not None:
-                    rss, files = _session_usage(pid)
+                    # A worker's session holds its running jobs' sandboxes: the worker
+                    # alone is what could leak (the jobs come and go).
+                    rss, files = _usage(pid, session=not name.startswith("worker"))
                     self.processes.setdefault(name, []).append([t, round(rss, 1), files])
             lane = _metric_sum(self.stack.metrics_url("gateway-1"), "tiergate_patient_lane_limit")
             if lane is not None:
@@ -149,25 +167,32 @@ class Sampler:
                 self.lag.append([t, max(v for v in lags if v is not None)])
 
 
-def growth(series: list[list[float]], warmup_s: float, restarts: list[float]) -> dict[str, Any]:
-    """RSS growth after the warm-up and after the process's last restart, in percent of
-    its first such sample per hour (a least-squares line through the samples)."""
-    since = max([warmup_s, *restarts])
-    after = [s for s in series if s[0] >= since + 30]  # a restarted process warms up too
-    if len(after) < 3 or after[-1][0] - after[0][0] < 60:
-        return {
-            "rss_mb_after_warmup": None,
-            "rss_mb_end": series[-1][1] if series else None,
-            "pct_per_hour": None,
-        }
+def growth(
+    series: list[list[float]], warmup_s: float, downs: list[tuple[float, float]]
+) -> dict[str, Any]:
+    """RSS growth over the longest stretch after the warm-up in which the process was
+    neither down nor just restarted (``downs``: each kill's (at, back); a restarted
+    process's first 30 s left out, it warms up too), in percent of the stretch's first
+    sample per hour (a least-squares line through its samples)."""
+    bounds = [(warmup_s, float("inf"))]
+    for at, back in sorted(downs):
+        lo, _ = bounds[-1]
+        if back + 30 <= lo:
+            continue
+        bounds[-1] = (lo, at)
+        bounds.append((max(lo, back + 30), float("inf")))
+    stretches = [[s for s in series if lo <= s[0] < hi] for lo, hi in bounds]
+    after = max(stretches, key=lambda st: st[-1][0] - st[0][0] if st else -1.0)
+    end = series[-1][1] if series else None
+    if len(after) < 3 or after[-1][0] - after[0][0] < 300:
+        return {"rss_mb_after_warmup": None, "rss_mb_end": end, "pct_per_hour": None}
     fit = statistics.linear_regression([s[0] for s in after], [s[1] for s in after])
     first = after[0][1]
-    pct = 100 * fit.slope * 3600 / first if first else None
     return {
         "rss_mb_after_warmup": first,
         "rss_mb_end": after[-1][1],
-        "pct_per_hour": None if pct is None else round(pct, 1),
-        "since_s": since,
+        "pct_per_hour": round(100 * fit.slope * 3600 / first, 1) if first else None,
+        "window_s": [after[0][0], after[-1][0]],
     }
 
 
@@ -368,15 +393,22 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         threads = [threading.Thread(target=fn, daemon=True) for fn in runners]
         for th in threads:
             th.start()
-        while time.time() - history.start < duration:
-            time.sleep(min(30.0, duration - (time.time() - history.start) + 0.1))
+        # The load runs its duration, and on (up to LATE_FAULTS_SECONDS) until every
+        # planned fault has run: a slow restart (a vLLM engine's: minutes) delays those
+        # after it, and a fault dropped would leave its kind untested.
+        faulting = threads[1]
+        while (elapsed := time.time() - history.start) < duration or (
+            faulting.is_alive() and elapsed < duration + LATE_FAULTS_SECONDS
+        ):
+            time.sleep(min(30.0, max(1.0, duration - elapsed + 0.1)))
             chats = history.of("chat")
             say(
                 f"{(time.time() - history.start) / 60:.1f} min: {len(chats)} chat calls, "
                 f"{len(history.of('job'))} jobs, {len(history.of('batch'))} batches, "
                 f"{len(fault_log)} faults"
             )
-        say("load stopped; the accepted work drains")
+        loaded = time.time() - history.start
+        say(f"load stopped after {loaded / 60:.1f} minutes; the accepted work drains")
         stop.set()
         for th in threads[1:2]:
             th.join(120)
@@ -409,8 +441,12 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
             )
     if len(fault_log) < len(plan):
         violations.append(f"{len(plan) - len(fault_log)} planned fault(s) never ran")
-    restarts = {
-        name: [f["back_at_s"] for f in fault_log if f["target"] == name and f["kind"] == "kill"]
+    downs = {
+        name: [
+            (f["at_s"], f["back_at_s"])
+            for f in fault_log
+            if f["target"] == name and f["kind"] == "kill"
+        ]
         for name in sampler.processes
     }
     report = {
@@ -419,6 +455,7 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "seed": params.seed,
         "duration_s": duration,
+        "loaded_s": round(loaded, 1),
         "warmup_s": warmup,
         "engine": params.engine,
         "stack": {"gateways": 2, "workers": 2},
@@ -426,7 +463,7 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         "faults": fault_log,
         "latency": latency_per_minute(history.of("chat")),
         "processes": sampler.processes,
-        "growth": {n: growth(s, warmup, restarts[n]) for n, s in sampler.processes.items()},
+        "growth": {n: growth(s, warmup, downs[n]) for n, s in sampler.processes.items()},
         "lane": sampler.lane,
         "queue_lag": sampler.lag,
         "checks": checks,
@@ -434,5 +471,14 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
         "passed": not violations,
         "parameters": {**asdict(params), "work": str(work)},
     }
+    # The whole history, for a look at any violation: every call with what it was told.
+    out.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out / "soak-history.jsonl.gz", "wt") as history_file:
+        for record in [
+            *history.records,
+            *({**f, "fault": f["kind"], "kind": "fault"} for f in fault_log),
+        ]:
+            history_file.write(json.dumps(record) + "\n")
+    report["history_file"] = "soak-history.jsonl.gz"
     write_report(out, "soak-bench", report, render(report))
     return report

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +73,11 @@ class History:
 
     start: float = field(default_factory=time.time)
     records: list[dict[str, Any]] = field(default_factory=list)
+    # Each tenant's marker, drawn per run: in its prompts, and never in the other's
+    # answers (unguessable, so a real model cannot say it by chance: "team-a" it did).
+    markers: dict[str, str] = field(
+        default_factory=lambda: {t: f"m{secrets.token_hex(5)}" for t in TENANTS}
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, **record: Any) -> None:
@@ -128,7 +134,7 @@ def chat_once(
     timeout = rates.chat_timeout_s
     service_tier, tier = TIERS[n % len(TIERS)]
     stream = n % 2 == 0
-    marker = f"{tenant}-{n}"
+    marker = f"{history.markers[tenant]}-{n}"
     api = "responses" if (n // 2) % 3 == 2 else "chat"
     if api == "responses":
         path = "/v1/responses"
@@ -154,7 +160,10 @@ def chat_once(
     except httpx.HTTPError as exc:
         outcome, status, etype, text = "cut", None, type(exc).__name__, ""
     rec.update(outcome=outcome, status=status, error=etype, t1=time.time() - history.start)
-    rec["foreign"] = any(t != tenant and t in text for t in TENANTS)
+    for other, mark in history.markers.items():
+        at = text.find(mark) if other != tenant else -1
+        if at >= 0:
+            rec["foreign"] = text[max(0, at - 40) : at + 60]
     history.add(**rec)
 
 

@@ -76,15 +76,22 @@ def _faults(r: dict[str, Any]) -> list[str]:
 
 
 def _growth(r: dict[str, Any]) -> list[str]:
-    """Each process's resident memory after the warm-up and at the end, and the rate between."""
+    """Each process's resident memory over its longest stretch after the warm-up without
+    a restart (start and end of the stretch), and the rate between."""
     growth: dict[str, dict[str, Any]] = r.get("growth") or {}
     if not growth:
         return ["", "No memory growth was measured."]
-    lines = ["", "Memory growth:"]
-    lines += table_head("process", "after warm-up, MB", "end, MB", "% per hour")
+    lines = [
+        "",
+        "Memory growth, over each process's longest stretch after the warm-up without a "
+        "restart (none shown where that was under 5 minutes):",
+    ]
+    lines += table_head("process", "stretch, minutes", "start, MB", "end, MB", "% per hour")
     for name, g in growth.items():
+        window = g.get("window_s")
+        span = f"{window[0] / 60:.0f}-{window[1] / 60:.0f}" if window else "-"
         lines.append(
-            f"| {name} | {_cell(g.get('rss_mb_after_warmup'), '.1f')} "
+            f"| {name} | {span} | {_cell(g.get('rss_mb_after_warmup'), '.1f')} "
             f"| {_cell(g.get('rss_mb_end'), '.1f')} | {_cell(g.get('pct_per_hour'), '+.1f')} |"
         )
     return lines

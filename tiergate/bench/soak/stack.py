@@ -174,6 +174,7 @@ class SoakStack:
         self.port = free_port()
         self.settings: JobsSettings | None = None
         self.metrics_ports: dict[str, int] = {}
+        self.timeouts: dict[str, float] = {}  # each server's start, its restarts' too
         self.store_proxy: DelayProxy | None = None
         # Each worker's workspace volume (a tmpfs of WORKSPACE_MB where it can be mounted:
         # root), by worker; None where it could not be.
@@ -186,6 +187,7 @@ class SoakStack:
     def start(self) -> JobsSettings:
         self.store.start()
         self.servers["store"] = self.store
+        self.timeouts["store"] = 60.0
         ensure_bucket(self.store.url, BROKER_BUCKET)
         # The gateways and workers reach the store through a proxy that a fault slows.
         self.store_proxy = DelayProxy(self.store.port).start()
@@ -282,6 +284,7 @@ class SoakStack:
     def _add(self, server: Server, name: str, timeout: float = 60.0) -> None:
         server.start(timeout)
         self.servers[name] = server
+        self.timeouts[name] = timeout
 
     def metrics_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
@@ -338,11 +341,12 @@ class SoakStack:
         if volume is not None:
             (volume / FILLER).unlink(missing_ok=True)
 
-    def restart(self, name: str, timeout: float = 90.0) -> None:
-        """Start ``name`` again on its ports and data (a container's restart)."""
+    def restart(self, name: str) -> None:
+        """Start ``name`` again on its ports and data (a container's restart), with its
+        first start's time allowed (a vLLM engine's compiled start: minutes)."""
         server = self.servers[name]
         server.stop(kill=True)
-        server.start(timeout)
+        server.start(self.timeouts.get(name, 90.0))
 
     def stop(self) -> None:
         order = ["worker-1", "worker-2", "service", "gateway-1", "gateway-2"]
