@@ -10,6 +10,13 @@ files, written under ids derived from the batch's (the same however many finaliz
 them), then the final status. Lines are written in input order. The chunks' answers are
 then removed: the files are the one copy, and deleting them deletes the answers.
 
+Every chunk is answered before it is counted, so a counted chunk whose answers are gone
+means another finalizer got there first and removed them: this one stops, writes nothing,
+and reads the final batch. Without that, a finalizer overtaken part way through its reads
+stored files missing the chunks it read too late, over the whole ones and under the same
+ids (seen in CI: 120 lines counted, 88 in the output file). It looks again just before it
+stores, so that it does not bring back files an owner deleted the moment the batch ended.
+
 The files are assembled in the temporary directory first (whole outputs, up to a batch's
 lines times their answers): a gateway replica gives its finalizer a ``room`` that holds one
 of the slots its spooled transfers share (tiergate.gateway.jobs.uploads.SpoolSlots), so
@@ -142,6 +149,12 @@ class Finalizer:
                 return batch  # finalizing still: a later read, or the sweep, finishes it
             return self._write_files(owner, batch, etag, now)
 
+    def _still(self, owner: str, batch_id: str, etag: str) -> bool:
+        """Whether the batch object is still the one this finalizer read (no one else
+        has finished it meanwhile)."""
+        got = self._lines.get(owner, batch_id)
+        return got is not None and got[1] == etag
+
     def _write_files(
         self, owner: str, batch: dict[str, Any], etag: str, now: float
     ) -> dict[str, Any] | None:
@@ -156,7 +169,9 @@ class Finalizer:
             outputs = errors = 0
             with out_path.open("wb") as out, err_path.open("wb") as err:
                 for chunk in sorted(snapshot):
-                    body = self._lines.chunk(owner, batch["id"], chunk) or b""
+                    body = self._lines.chunk(owner, batch["id"], chunk)
+                    if body is None:
+                        return None  # another finalizer finished and removed the answers
                     for raw in body.splitlines():
                         entry = orjson.loads(raw)
                         if entry["t"] == "o":
@@ -165,6 +180,8 @@ class Finalizer:
                         elif entry["t"] == "e":
                             err.write(orjson.dumps(entry["l"]) + b"\n")
                             errors += 1
+            if not self._still(owner, batch["id"], etag):
+                return None
             for kind, path, count, field in (
                 ("output", out_path, outputs, "output_file_id"),
                 ("errors", err_path, errors, "error_file_id"),
