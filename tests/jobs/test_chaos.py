@@ -16,6 +16,7 @@ import yaml
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack
+from tiergate.bench.soak.check import overlapping, runs_of
 from tiergate.jobs.state.store import JobStore, StorageError
 from tiergate.local.jobs import start_worker
 from tiergate.local.servers import ObjectStore, Server
@@ -104,6 +105,8 @@ def test_no_job_is_lost_while_workers_are_killed(
             terminal = _terminal_events(store, final)
             assert len(terminal) == 1, (job_id, terminal)
             assert job["attempts"] <= stack.jobs.worker.max_attempts
+            # Never two runs at once: a run taken over wrote nothing after the next began.
+            assert overlapping(runs_of(store.events(job_id, 0))) is None, job_id
 
 
 def _terminal_events(store: JobStore, final: Job) -> list[dict[str, object]]:

@@ -85,11 +85,11 @@ def test_submit_then_wait_returns_the_completed_job_with_its_events(
         assert _sequence(seen) == list(range(1, len(seen) + 1))
         assert seen[0].type == "job.queued" and seen[-1].type == "job.completed"
         steps = [e for e in seen if e.type == "job.step"]
-        assert [(e.step, e.command, e.exit_code) for e in steps] == [
-            (1, "echo one", 0),
-            (2, "echo two", 0),
-            (3, "echo $(( 6 * 7 )) > answer.txt", 0),
-        ]
+        assert [(e.step, e.command, e.exit_code, e.run) for e in steps] == [
+            (1, "echo one", 0, 1),
+            (2, "echo two", 0, 1),
+            (3, "echo $(( 6 * 7 )) > answer.txt", 0, 1),
+        ]  # the run (lease epoch) that wrote each: the first
         assert seen[-1].job is not None and seen[-1].job.status == "completed"
         # The events again, from a sequence number on; a finished job's stream ends.
         later = list(client.events(job.id, starting_after=3))

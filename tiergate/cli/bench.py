@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,19 @@ from tiergate.cli.common import settings_or_exit
 from tiergate.tiers import Tier
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print figures and reports.")
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@bench_app.callback()
+def _bench(ctx: typer.Context) -> None:
+    """Benchmarks that print figures and reports."""
+    # A benchmark stopped with SIGTERM (``timeout``, a CI job cancelled, ``kill``) stops
+    # what it started on its way out, as Ctrl-C does: without this, the soak's engines,
+    # gateways, workers and servers went on as orphans after its process was gone.
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @bench_app.command("gateway")

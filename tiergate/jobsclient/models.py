@@ -45,6 +45,10 @@ class JobEvent(_Open):
     created_at: int | None = None
     status: str | None = None
     attempt: int | None = None
+    # job.in_progress, job.step, job.verified, job.retrying: the run (its lease's epoch,
+    # from 1) that wrote it. A run taken over writes nothing more, so a job's events never
+    # go back to an earlier run.
+    run: int | None = None
     # job.step
     step: int | None = None
     command: str | None = None

@@ -240,6 +240,7 @@ def _read_jobs(
                     "terminal_events": sum(
                         1 for e in events if e["type"].removeprefix("job.") in TERMINAL_JOB
                     ),
+                    "runs": check.runs_of(events),
                 }
             else:
                 ends[r["id"]] = {"status": status}

@@ -58,15 +58,45 @@ def check_chat(records: list[dict[str, Any]], faults: list[dict[str, Any]]) -> C
     }, violations
 
 
+def runs_of(events: list[dict[str, Any]]) -> list[int]:
+    """The run (lease epoch) behind each of a job's events that names one, in sequence
+    order: ``run`` of ``job.in_progress``, ``job.step``, ``job.verified``,
+    ``job.retrying``, and the terminal event's ``job.run``."""
+    runs = []
+    for event in events:
+        run = event.get("run")
+        if run is None and isinstance(event.get("job"), dict):
+            run = event["job"].get("run")
+        if isinstance(run, int):
+            runs.append(run)
+    return runs
+
+
+def overlapping(runs: list[int]) -> str | None:
+    """Two runs of one job at once, as its events show it: an event of an earlier run
+    after a later run began (a run taken over must write nothing more)."""
+    latest = 0
+    for run in runs:
+        if run < latest:
+            return f"an event of run {run} after run {latest} began"
+        latest = max(latest, run)
+    return None
+
+
 def check_jobs(records: list[dict[str, Any]], ends: dict[str, dict[str, Any]]) -> Checked:
     """``ends[id]``: what was read back of an accepted job: ``status`` (its last status),
-    ``terminal_events`` (how many), ``final`` (a terminal record exists), ``owner_ok``.
-    Every accepted job ended, once; every refusal typed."""
+    ``terminal_events`` (how many), ``final`` (a terminal record exists), ``owner_ok``,
+    ``runs`` (:func:`runs_of` its events). Every accepted job ended, once, never run twice
+    at once; every refusal typed."""
     accepted = [r for r in records if r["id"]]
     violations = []
-    lost = dup = 0
+    lost = dup = overlaps = 0
     for r in accepted:
         end = ends.get(r["id"], {})
+        overlap = overlapping(end.get("runs", []))
+        if overlap:
+            overlaps += 1
+            violations.append(f"job {r['id']} ran twice at once: {overlap}")
         if not end.get("final") or end.get("terminal_events", 0) == 0:
             lost += 1
             violations.append(f"job {r['id']} ({r['tenant']}) never ended: {end.get('status')}")
@@ -75,6 +105,7 @@ def check_jobs(records: list[dict[str, Any]], ends: dict[str, dict[str, Any]]) -
             violations.append(f"job {r['id']} has {end['terminal_events']} terminal events")
         if end and not end.get("owner_ok", True):
             violations.append(f"job {r['id']} read back under another owner")
+    taken_over = sum(1 for r in accepted if len(set(ends.get(r["id"], {}).get("runs", []))) > 1)
     refused = [r for r in records if not r["id"]]
     for r in refused:
         if not r["error"]:
@@ -87,6 +118,8 @@ def check_jobs(records: list[dict[str, Any]], ends: dict[str, dict[str, Any]]) -
         "ended_once": len(accepted) - lost - dup,
         "lost": lost,
         "duplicated": dup,
+        "ran_twice_at_once": overlaps,
+        "taken_over": taken_over,
         "refused_typed": sum(1 for r in refused if r["error"]),
         "hostile_accepted": sum(1 for r in accepted if r["hostile"]),
         "hostile_ended": sum(hostile.values()) - hostile[None],

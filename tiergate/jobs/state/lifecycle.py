@@ -207,6 +207,7 @@ class JobLifecycle:
             command=entry["command"],
             exit_code=entry["exit_code"],
             output=entry["output"],
+            run=job.run,
         )
 
     def verified(self, job: Job, result: JobResult) -> None:
@@ -214,7 +215,11 @@ class JobLifecycle:
         self._guard(job.id)
         job.result = result
         self._emit(
-            job.id, "job.verified", exit_code=result.verifier_exit_code, reward=result.reward
+            job.id,
+            "job.verified",
+            exit_code=result.verifier_exit_code,
+            reward=result.reward,
+            run=job.run,
         )
 
     def retrying(self, job: Job, attempt: int, delay: float, error: str) -> None:
@@ -227,7 +232,14 @@ class JobLifecycle:
         job.error = {"code": "retrying", "message": error, "attempt": attempt}
         self._store.put_status(job)
         self._store.unmark_running(job.owner, job.id)
-        self._emit(job.id, "job.retrying", attempt=attempt, delay_seconds=delay, error=error)
+        self._emit(
+            job.id,
+            "job.retrying",
+            attempt=attempt,
+            delay_seconds=delay,
+            error=error,
+            run=job.run,
+        )
 
     def waiting(self, job: Job, reason: str) -> None:
         """Queued past its key's share of the fleet (tiergate.jobs.state.share): the record
