@@ -20,12 +20,12 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.test_shared_limits_redis import RedisServer, redis_server  # noqa: F401
 from tests.servers import gateway_settings, running_gateway
 from tests.waiting import eventually
+from tiergate.accesssettings import ApiKey, AuthSettings, KeyLimits, LimitSettings, TeamBudget
 from tiergate.gateway.access.auth import Caller, new_key
 from tiergate.gateway.access.budgets import Budgets
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
-from tiergate.settings import ApiKey, AuthSettings, KeyLimits, LimitSettings, TeamBudget
 
 ROUTES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},

@@ -24,10 +24,10 @@ from tests.fault.helpers import metric_value
 from tests.fault.test_shared_limits_redis import RedisServer, redis_server  # noqa: F401
 from tests.servers import gateway_settings, running_gateway
 from tests.waiting import eventually
+from tiergate.accesssettings import FairShareSettings
 from tiergate.gateway.access.auth import new_key
 from tiergate.gateway.access.fairshare import ServedTokens
 from tiergate.gateway.access.gate import Gate
-from tiergate.settings import FairShareSettings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 FLOOD = 16

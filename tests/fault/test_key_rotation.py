@@ -15,9 +15,9 @@ import pytest
 from tests.fakes.fake_vllm import FakeVllm
 from tests.servers import gateway_settings, running_gateway
 from tests.waiting import eventually
+from tiergate.accesssettings import AuthSettings
 from tiergate.gateway.access.auth import Authenticator, KeysFileError, new_key
 from tiergate.gateway.errors import OpenAIError
-from tiergate.settings import AuthSettings
 
 RELOAD_SECONDS = 0.5
 

@@ -22,10 +22,10 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.fault.helpers import metric_value
 from tests.servers import free_port
 from tests.waiting import eventually
+from tiergate.accesssettings import KeyLimits, LimitSettings
 from tiergate.gateway.access.auth import new_key
 from tiergate.gateway.access.limits import Limiter
 from tiergate.measure.ports import port_open
-from tiergate.settings import KeyLimits, LimitSettings
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

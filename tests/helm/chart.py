@@ -19,8 +19,9 @@ import pytest
 import yaml
 from pydantic import TypeAdapter
 
+from tiergate.accesssettings import ApiKey
 from tiergate.gateway.access.auth import hash_key
-from tiergate.settings import ApiKey, Settings, load_settings
+from tiergate.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tiergate"

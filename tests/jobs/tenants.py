@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiergate.accesssettings import ApiKey
 from tiergate.gateway.access.auth import new_key
-from tiergate.settings import ApiKey
 
 
 @dataclass

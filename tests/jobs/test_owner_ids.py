@@ -19,8 +19,8 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobs.archives import tar_of
 from tests.jobstack import jobs_stack
 from tests.waiting import eventually
+from tiergate.accesssettings import ApiKey
 from tiergate.gateway.access.auth import new_key
-from tiergate.settings import ApiKey
 
 RELOAD_SECONDS = 0.3
 

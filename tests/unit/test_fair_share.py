@@ -16,9 +16,9 @@ import itertools
 
 import pytest
 
+from tiergate.accesssettings import FairShareSettings
 from tiergate.gateway.access.fairshare import ServedTokens
 from tiergate.gateway.access.gate import Gate
-from tiergate.settings import FairShareSettings
 
 
 class Clock:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tiergate.accesssettings import ApiKey
 from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
@@ -19,7 +20,7 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.openai.routes import echo_tier
 from tiergate.gateway.openai.selection import inspect, requested_tier
-from tiergate.settings import ApiKey, load_settings
+from tiergate.settings import load_settings
 from tiergate.tiers import FLEX_URGENCY, Tier
 
 

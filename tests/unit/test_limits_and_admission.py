@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
+from tiergate.accesssettings import ApiKey, AuthSettings, KeyLimits
 from tiergate.gateway.access.auth import Authenticator, hash_key, new_key
 from tiergate.gateway.access.gate import Gate
 from tiergate.gateway.access.limits import LocalLimiter, duration
 from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
-from tiergate.settings import ApiKey, AuthSettings, KeyLimits
 from tiergate.tiers import Tier
 
 

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
+from tiergate.accesssettings import PatientAdmission
 from tiergate.gateway.access.gate import Gate
 from tiergate.gateway.access.patience import PatientLane
-from tiergate.settings import PatientAdmission
 
 
 class Clock:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tiergate.accesssettings import ApiKey
 from tiergate.gateway.access.auth import ANONYMOUS, Caller
 from tiergate.gateway.access.policy import AskedTier, Needs, Reason, TierChoice, TierPolicy
 from tiergate.gateway.errors import OpenAIError
-from tiergate.settings import ApiKey, PolicySettings
+from tiergate.settings import PolicySettings
 from tiergate.tiers import Tier
 
 CHAT = Needs("/v1/chat/completions")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.settings import SettingsError, TierAdmission, load_settings
+from tiergate.accesssettings import TierAdmission
+from tiergate.settings import SettingsError, load_settings
 from tiergate.tiers import Tier
 
 

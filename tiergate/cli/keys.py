@@ -20,8 +20,8 @@ def keys_create(
     """Make a key: the key itself is printed once (to stdout); configure only its hash."""
     import json
 
+    from tiergate.accesssettings import ApiKey
     from tiergate.gateway.access.auth import new_key
-    from tiergate.settings import ApiKey
 
     key, digest = new_key()
     entry = ApiKey.model_validate(

@@ -17,16 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tiergate.gateway.access.fairshare import ServedTokens
-from tiergate.gateway.access.gate import Gate, Ticket
-from tiergate.gateway.access.patience import PatientLane
-from tiergate.gateway.errors import OpenAIError
-from tiergate.settings import (
+from tiergate.accesssettings import (
     AdmissionSettings,
     FlowAdmission,
     PatientAdmission,
     TierAdmission,
 )
+from tiergate.gateway.access.fairshare import ServedTokens
+from tiergate.gateway.access.gate import Gate, Ticket
+from tiergate.gateway.access.patience import PatientLane
+from tiergate.gateway.errors import OpenAIError
 from tiergate.tiers import Tier
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from tiergate.accesssettings import ApiKey, AuthSettings
 from tiergate.gateway.errors import OpenAIError
-from tiergate.settings import ApiKey, AuthSettings
 from tiergate.tiers import Tier
 
 log = logging.getLogger("tiergate.auth")

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tiergate.accesssettings import AuthSettings, KeyLimits, TeamBudget
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
-from tiergate.settings import AuthSettings, KeyLimits, TeamBudget
 
 # KEYS: the counters. ARGV: the cost, then per counter its limit and its time to live.
 # Returns {1, 0, spent...} when charged, {0, index, spent} for the first budget it passes.

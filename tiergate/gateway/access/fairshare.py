@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tiergate.settings import FairShareSettings
+from tiergate.accesssettings import FairShareSettings
 
 log = logging.getLogger("tiergate.fairshare")
 

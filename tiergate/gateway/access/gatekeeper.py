@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tiergate.accesssettings import KeyLimits
 from tiergate.gateway.access.admission import Admission
 from tiergate.gateway.access.auth import Authenticator, Caller
 from tiergate.gateway.access.budgets import Budgets, Charge
@@ -25,7 +26,7 @@ from tiergate.gateway.access.policy import (
 from tiergate.gateway.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.protocol.openaibatch import LIMIT_HEADER
-from tiergate.settings import KeyLimits, Settings
+from tiergate.settings import Settings
 from tiergate.tiers import FLEX_URGENCY, Tier
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tiergate.settings import KeyLimits, LimitSettings
+from tiergate.accesssettings import KeyLimits, LimitSettings
 
 log = logging.getLogger("tiergate.limits")
 

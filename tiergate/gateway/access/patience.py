@@ -48,8 +48,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from tiergate.accesssettings import PatientAdmission
 from tiergate.gateway.access.gate import Gate
-from tiergate.settings import PatientAdmission
 
 # A limit over the target is cut to this share of itself (as CUBIC cuts a window: 0.5
 # swung the limit from 16 to 8 and back, with a burst of slow samples after each rise).

@@ -30,11 +30,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from tiergate.accesssettings import KeyLimits
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.limits import Decision, Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.objectstore import Meter, ObjectStore
-from tiergate.settings import KeyLimits
 
 # Bytes are charged for what parsing them costs the gateway: a 7 MB batch state is 260 ms
 # of a core, some 900 units, where a GET of a small object is one or two.
