@@ -56,7 +56,12 @@ def test_job_runs_to_a_verified_result(
         stack.start_worker()
         done = stack.wait(job["id"], lambda j: j["status"] not in ("queued", "in_progress"))
         assert done["status"] == "completed", done
-        assert done["result"] == {"passed": True, "reward": 1.0, "verifier_exit_code": 0}
+        assert done["result"] == {
+            "passed": True,
+            "reward": 1.0,
+            "rewards": None,
+            "verifier_exit_code": 0,
+        }
         assert done["steps"] == 1 and done["started_at"] and done["completed_at"]
         # The model was called through the gateway on the job's tier.
         assert all(b.get("service_tier") is None for b in model.record.bodies)  # stripped
@@ -331,7 +336,12 @@ def test_job_whose_verifier_fails_completes_with_passed_false(
         stack.start_worker()
         final = stack.wait(job["id"], lambda j: j["status"] not in ("queued", "in_progress"))
         assert final["status"] == "completed"
-        assert final["result"] == {"passed": False, "reward": None, "verifier_exit_code": 1}
+        assert final["result"] == {
+            "passed": False,
+            "reward": None,
+            "rewards": None,
+            "verifier_exit_code": 1,
+        }
         log = httpx.get(final["artifacts"]["verifier_log"]).text
         assert log.strip() == "expected 42, got 41"  # the verifier's own output, whole
 

@@ -105,7 +105,12 @@ def test_a_deterministic_job_replays_step_for_step(stack: JobsStack, model: Fake
     assert verifier["matches"] is True
     assert verifier["passed"] == {"recorded": True, "replayed": True}
     assert verifier["reward"] == {"recorded": 1.0, "replayed": 1.0}
-    assert done["result"] == {"passed": True, "reward": 1.0, "verifier_exit_code": 0}
+    assert done["result"] == {
+        "passed": True,
+        "reward": 1.0,
+        "rewards": None,
+        "verifier_exit_code": 0,
+    }
     assert done["steps"] == 3
     # Without the model: not one more chat completion.
     assert len(model.record.bodies) == calls

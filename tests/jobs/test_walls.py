@@ -231,7 +231,12 @@ def test_a_planted_reward_or_module_gives_no_reward(
     with jobs_stack(broker, s3, model, tmp_path) as stack:
         final = _final(stack, {**TASK, "verifier": verifier})
         assert final["status"] == "completed", final
-        assert final["result"] == {"passed": True, "reward": None, "verifier_exit_code": 0}
+        assert final["result"] == {
+            "passed": True,
+            "reward": None,
+            "rewards": None,
+            "verifier_exit_code": 0,
+        }
         assert httpx.get(final["artifacts"]["verifier_log"]).text.split() == ["checked"] * 2
         # The artifact is the agent's workspace, planted files and all.
         archive = httpx.get(final["artifacts"]["workspace"]).content
@@ -241,15 +246,35 @@ def test_a_planted_reward_or_module_gives_no_reward(
             assert "workspace/sitecustomize.py" in tar.getnames()
 
 
+@pytest.mark.parametrize(
+    ("written", "reward", "rewards"),
+    [
+        (".75", 0.75, None),
+        # Several rewards by name: kept, and summed into the reward.
+        ('{"correct": 0.5, "format": 0.25}', 0.75, {"correct": 0.5, "format": 0.25}),
+    ],
+)
 def test_a_reward_the_verifier_writes_counts(
-    broker: str, s3: str, model: FakeVllm, tmp_path: Path
+    broker: str,
+    s3: str,
+    model: FakeVllm,
+    tmp_path: Path,
+    written: str,
+    reward: float,
+    rewards: dict[str, float] | None,
 ) -> None:
     model.behaviour.replies = ["```bash\necho 0.25 > reward.txt; echo 42 > answer.txt\n```", "DONE"]
     verifier = {
-        "command": 'test "$(cat answer.txt)" = 42 && test ! -e reward.txt && echo .75 >reward.txt',
+        "command": 'test "$(cat answer.txt)" = 42 && test ! -e reward.txt'
+        f" && echo '{written}' >reward.txt",
         "reward_file": "reward.txt",
     }
     with jobs_stack(broker, s3, model, tmp_path) as stack:
         final = _final(stack, {**TASK, "verifier": verifier})
         assert final["status"] == "completed", final
-        assert final["result"] == {"passed": True, "reward": 0.75, "verifier_exit_code": 0}
+        assert final["result"] == {
+            "passed": True,
+            "reward": reward,
+            "rewards": rewards,
+            "verifier_exit_code": 0,
+        }

@@ -72,3 +72,49 @@ def test_a_groups_rewards_are_normalized_within_it() -> None:
     assert figures[0] == ("a-0", pytest.approx(0.5), pytest.approx(1.0, rel=1e-5))
     assert figures[1] == ("a-1", pytest.approx(-0.5), pytest.approx(-1.0, rel=1e-5))
     assert figures[2] == ("a-2", None, None)
+
+
+def test_each_named_reward_is_normalized_within_the_group_on_its_own() -> None:
+    batch = Batch(id="batch_x", owner="o", created_at=0, samples_per_task=3, rounds=1)
+    batch.rollouts = [
+        _r("a", 0, 1, "completed", 1.5),
+        _r("a", 1, 1, "completed", 0.5),
+        _r("a", 2, 1, "completed", 1.0),
+    ]
+    # correct: 1, 0, 1 (0-1); style: 0.5, 0.5, 0 (another scale); one sample wrote no style.
+    batch.rollouts[0].rewards = {"correct": 1.0, "style": 0.5}
+    batch.rollouts[1].rewards = {"correct": 0.0, "style": 0.5}
+    batch.rollouts[2].rewards = {"correct": 1.0}
+    spec = BatchCreate.model_validate(
+        {
+            "tasks": [{"model": "m", "instruction": "x", "domain": "d", "task_id": "a"}],
+            "samples_per_task": 3,
+        }
+    )
+    ref = close(spec, batch, 5.0)[0]
+    rollouts = members(batch, ref)
+    body = record(ref, rollouts, [{"job_id": r.job_id} for r in rollouts])
+    assert body["rewards_mean"] == {"correct": pytest.approx(2 / 3), "style": 0.5}
+    named = [s["group_rewards_normalized"] for s in body["samples"]]
+    std = (2 / 9) ** 0.5
+    assert named[0] == {"correct": pytest.approx((1 / 3) / std, rel=1e-5), "style": 0.0}
+    assert named[1] == {"correct": pytest.approx((-2 / 3) / std, rel=1e-5), "style": 0.0}
+    assert named[2] == {"correct": pytest.approx((1 / 3) / std, rel=1e-5)}
+    # The summed reward is normalized as before, beside them.
+    assert body["samples"][0]["group_reward_normalized"] == pytest.approx(
+        0.5 / (1 / 6) ** 0.5, rel=1e-5
+    )
+
+
+def test_a_group_without_named_rewards_says_none() -> None:
+    batch = Batch(id="batch_x", owner="o", created_at=0, samples_per_task=1, rounds=1)
+    batch.rollouts = [_r("a", 0, 1, "completed", 1.0)]
+    spec = BatchCreate.model_validate(
+        {
+            "tasks": [{"model": "m", "instruction": "x", "domain": "d", "task_id": "a"}],
+            "samples_per_task": 1,
+        }
+    )
+    ref = close(spec, batch, 5.0)[0]
+    body = record(ref, members(batch, ref), [{"job_id": "a-0"}])
+    assert body["rewards_mean"] is None and body["samples"][0]["group_rewards_normalized"] is None

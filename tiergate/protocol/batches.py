@@ -149,6 +149,8 @@ class Rollout(BaseModel):
     status: str = "queued"
     passed: bool | None = None
     reward: float | None = None
+    # Its verifier's named rewards, when it wrote several (JobResult.rewards).
+    rewards: dict[str, float] | None = None
     advantage: float | None = None
     reward_normalized: float | None = None
     normalized_advantage: float | None = None

@@ -41,6 +41,9 @@ TERMINAL_EVENTS = frozenset(f"job.{s}" for s in TERMINAL_STATUSES)
 class JobResult(BaseModel):
     passed: bool
     reward: float | None = None
+    # A verifier that scores several things writes them by name (their sum is ``reward``;
+    # tiergate.jobs.run.jobsandbox.read_rewards).
+    rewards: dict[str, float] | None = None
     verifier_exit_code: int | None = None
 
 

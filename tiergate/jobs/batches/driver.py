@@ -211,6 +211,7 @@ class BatchDriver:
                 self._metrics.ended(rollout.domain, job)
             rollout.passed = job.result.passed if job.result else None
             rollout.reward = reward_of(job)
+            rollout.rewards = job.result.rewards if job.result else None
             rollout.error_code = (job.error or {}).get("code")
             rollout.environment_digest = job.environment_digest
             tokens, tier = usage_of(self._store.read_artifact(job.id, "trajectory", job.run))

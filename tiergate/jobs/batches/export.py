@@ -7,7 +7,8 @@ and each command's result as the next ``user`` message (``tool``, with its
 ``tool_call_id``, under the tools protocol). Two shapes of TRL's conversational datasets
 are in every record: ``messages`` (conversational language modeling) and ``prompt`` /
 ``completion`` (conversational prompt-completion: the system and user messages, then the
-rest), beside the rollout's figures: ``reward`` (raw), ``reward_normalized`` (the group
+rest), beside the rollout's figures: ``reward`` (raw), ``rewards`` (the verifier's named
+rewards, when it wrote several; ``reward`` is their sum), ``reward_normalized`` (the group
 z-score), ``advantage`` (``reward`` minus the group's mean), ``normalized_advantage``
 (scaled per domain and clipped: what to train on), ``domain``, ``task_id``, ``sample``,
 ``environment_digest``, ``model``, ``service_tier`` (served), ``tokens`` and
@@ -83,6 +84,7 @@ def rollout_record(store: JobStore, spec: BatchCreate | None, rollout: Rollout) 
         "prompt": messages[:2],
         "completion": messages[2:],
         "reward": rollout.reward,
+        "rewards": rollout.rewards,
         "reward_normalized": rollout.reward_normalized,
         "advantage": rollout.advantage,
         "normalized_advantage": rollout.normalized_advantage,

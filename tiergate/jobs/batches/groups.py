@@ -7,7 +7,8 @@ order they completed), and the gateway serves each group once, as JSON lines aft
 ``starting_after`` and as Server-Sent Events (tiergate.gateway.jobs.batches). A group's
 record carries its samples with their rewards normalized **within the group** (the
 samples of that round: ``advantage = r - mean``, ``reward_normalized = advantage /
-(std + 1e-6)``, 0 when they all scored alike), what a group-relative trainer uses; the
+(std + 1e-6)``, 0 when they all scored alike), what a group-relative trainer uses, and
+each named reward likewise where the verifier wrote several; the
 batch's own rollout figures are normalized over all of a task's samples so far and per
 domain (tiergate.jobs.batches.rewards).
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from tiergate.jobs.batches.rewards import EPS, group_stats
+from tiergate.jobs.batches.rewards import EPS, GroupStats, group_stats
 from tiergate.protocol.batches import Batch, BatchCreate, GroupRef, Rollout
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -71,19 +72,23 @@ def record(ref: GroupRef, rollouts: list[Rollout], samples: list[dict[str, Any]]
     rewards = [float(r.reward) if r.reward is not None else float(bool(r.passed)) for r in scored]
     stats = group_stats(rewards, sum(1 for r in scored if r.passed))
     by_job = dict(zip((r.job_id for r in scored), rewards, strict=True))
+    named = _named(scored)
     out = []
     for rollout, sample in zip(rollouts, samples, strict=True):
         reward = by_job.get(rollout.job_id)
         advantage = None if reward is None else reward - stats.mean
-        z = None
-        if advantage is not None:
-            z = advantage / (stats.std + EPS) if stats.std > 0 else 0.0
         out.append(
             {
                 **sample,
                 "status": rollout.status,
                 "group_advantage": advantage,
-                "group_reward_normalized": z,
+                "group_reward_normalized": _z(advantage, stats.std),
+                "group_rewards_normalized": {
+                    name: _z(value - named[name].mean, named[name].std)
+                    for name, value in (rollout.rewards or {}).items()
+                    if name in named and rollout.status in SCORED
+                }
+                or None,
             }
         )
     return {
@@ -97,5 +102,24 @@ def record(ref: GroupRef, rollouts: list[Rollout], samples: list[dict[str, Any]]
         "passed": stats.passed,
         "reward_mean": stats.mean if stats.n else None,
         "reward_std": stats.std if stats.n else None,
+        "rewards_mean": {name: g.mean for name, g in named.items()} or None,
+        "rewards_std": {name: g.std for name, g in named.items()} or None,
         "samples": out,
     }
+
+
+def _z(advantage: float | None, std: float) -> float | None:
+    if advantage is None:
+        return None
+    return advantage / (std + EPS) if std > 0 else 0.0
+
+
+def _named(scored: list[Rollout]) -> dict[str, GroupStats]:
+    """Each named reward's figures over the scored samples that have it (a verifier that
+    writes several rewards, tiergate.jobs.run.jobsandbox.read_rewards): a trainer with
+    several reward functions normalizes each within the group before it weighs them."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for rollout in scored:
+        for name, value in (rollout.rewards or {}).items():
+            values[name].append(value)
+    return {name: group_stats(found, 0) for name, found in sorted(values.items())}

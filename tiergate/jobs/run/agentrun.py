@@ -13,7 +13,7 @@ from tiergate.jobs.run.agent import AgentLoop
 from tiergate.jobs.run.context import Outcome, RunContext
 from tiergate.jobs.run.jobsandbox import (
     CancelWatch,
-    read_reward,
+    read_rewards,
     unpack_upload,
     verifier_verdict,
 )
@@ -110,12 +110,15 @@ class AgentRunner:
                     result.exit_code, result.timed_out, cancelled.is_set()
                 )
                 sandbox.check_disk(disk, verifier=True)
-                reward = read_reward(sandbox.verifier_workspace, spec.verifier.reward_file)
+                reward, rewards = read_rewards(
+                    sandbox.verifier_workspace, spec.verifier.reward_file
+                )
                 ctx.jobs.verified(
                     job,
                     JobResult(
                         passed=result.exit_code == 0 and (reward is None or reward > 0),
                         reward=reward,
+                        rewards=rewards,
                         verifier_exit_code=result.exit_code,
                     ),
                 )

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -19,6 +21,10 @@ from tiergate.sandbox import Sandbox, SandboxError
 log = logging.getLogger("tiergate.worker")
 # The most of a reward file that is read: a number, and room for a line of text after it.
 REWARD_MAX_BYTES = 64 * 1024
+# Named rewards in one reward file (read_rewards): each is kept in the job's result and in
+# every rollout of a batch, so their number and names are small.
+MAX_NAMED_REWARDS = 16
+_REWARD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class EarlySandbox:
@@ -153,25 +159,56 @@ def verifier_verdict(exit_code: int, timed_out: bool, cancelled: bool) -> tuple[
 
 
 def read_reward(workspace: Path, name: str | None) -> float | None:
-    """The number at the start of the reward file ``name`` in ``workspace`` (None: no such
-    file inside it, no number, or a file over :data:`REWARD_MAX_BYTES`, which is never
-    read whole: the verifier may write one as large as the job's disk limit)."""
+    """The reward in the file ``name`` in ``workspace`` (:func:`read_rewards`)."""
+    return read_rewards(workspace, name)[0]
+
+
+def read_rewards(workspace: Path, name: str | None) -> tuple[float | None, dict[str, float] | None]:
+    """The reward file ``name`` in ``workspace``: ``(reward, named rewards)``.
+
+    Either a number at its start (a line of text may follow): that is the reward, with no
+    named rewards. Or a JSON object of up to :data:`MAX_NAMED_REWARDS` names
+    (``[A-Za-z0-9_.-]``, up to 64 characters) to numbers, a verifier that scores several
+    things at once (``{"correct": 1, "format": 0.5}``): the reward is their sum (reward
+    functions weighted alike, as TRL's GRPO trainer sums them by default) and each is kept
+    by name, so that a trainer can normalize each within its group. Anything else (no such
+    file inside the workspace, not a finite number, a name or count past the bounds, a file
+    over :data:`REWARD_MAX_BYTES`, which is never read whole: the verifier may write one as
+    large as the job's disk limit) is no reward."""
     if not name:
-        return None
+        return None, None
     path = (workspace / name).resolve()
     if not path.is_relative_to(workspace.resolve()) or not path.is_file():
-        return None
+        return None, None
     try:
         with path.open("rb") as reward:
             raw = reward.read(REWARD_MAX_BYTES + 1)
     except OSError:
-        return None
+        return None, None
     if len(raw) > REWARD_MAX_BYTES:
         log.warning(
             "the reward file %r is over %d bytes: read as no reward", name[:200], REWARD_MAX_BYTES
         )
-        return None
+        return None, None
     try:
-        return float(raw.decode().strip().split()[0])
-    except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
+        text = raw.decode().strip()
+        if text.startswith("{"):
+            named = _named_rewards(json.loads(text))
+            return (None, None) if named is None else (math.fsum(named.values()), named)
+        value = float(text.split()[0])
+    except (ValueError, IndexError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None, None
+    return (value, None) if math.isfinite(value) else (None, None)
+
+
+def _named_rewards(found: object) -> dict[str, float] | None:
+    if not isinstance(found, dict) or not 0 < len(found) <= MAX_NAMED_REWARDS:
         return None
+    named = {}
+    for key, value in found.items():
+        if not _REWARD_NAME.fullmatch(key) or isinstance(value, bool):
+            return None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return None
+        named[key] = float(value)
+    return named

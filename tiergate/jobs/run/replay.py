@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiergate.jobs.run.environments import JobEnvironments, name_of
-from tiergate.jobs.run.jobsandbox import read_reward, unpack_upload
+from tiergate.jobs.run.jobsandbox import read_rewards, unpack_upload
 from tiergate.jobs.state.store import JobStore
 from tiergate.protocol import (
     CommandEntry,
@@ -245,10 +245,11 @@ class Replay:
         self.sandbox.prepare_verifier(verifier.reward_file)
         result = self.sandbox.run(verifier.command, verifier.timeout_seconds, verifier=True)
         self.sandbox.check_disk(self.disk, verifier=True)
-        reward = read_reward(self.sandbox.verifier_workspace, verifier.reward_file)
+        reward, rewards = read_rewards(self.sandbox.verifier_workspace, verifier.reward_file)
         replayed = JobResult(
             passed=result.exit_code == 0 and (reward is None or reward > 0),
             reward=reward,
+            rewards=rewards,
             verifier_exit_code=result.exit_code,
         )
         before = self.original.result
