@@ -8,25 +8,15 @@ FakeObjects store (a fake, tests/unit/test_batch_sweep.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tests.unit.test_batch_finalize_room import RecordingFiles
 from tests.unit.test_batch_sweep import _batch, _lines
 from tiergate.jobs.lines.finalize import Finalizer
 from tiergate.jobs.lines.store import ChunkCounts, LineBatchStore
 from tiergate.jobsettings import BatchApiSettings
-
-
-class RecordingFiles:
-    """A fake FileStore: the last content stored under each file id."""
-
-    def __init__(self) -> None:
-        self.stored: dict[str, bytes] = {}
-
-    def put(self, owner: str, meta: dict[str, Any], path: Path) -> None:
-        self.stored[str(meta["id"])] = path.read_bytes()
 
 
 class OvertakenLines(LineBatchStore):
