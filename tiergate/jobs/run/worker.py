@@ -154,6 +154,7 @@ class Worker:
             heartbeat_interval_ms=min(HEARTBEAT_MS, kafka.session_timeout_ms // 3),
             max_poll_interval_ms=max_poll_interval_ms,
             fetch_max_wait_ms=100,
+            request_timeout_ms=int(kafka.consumer_request_timeout_seconds * 1000),
             partition_assignment_strategy=self.memberships[group].strategy(),
         )
         consumer.subscribe([topic], listener=listener)
