@@ -18,6 +18,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -382,14 +383,21 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
             t = tenants[n % 2]
             load.rollout_batch(stack.url, history, t, stack.keys.secrets[t], n, r)
 
+        def failed(what: str) -> Callable[[int, BaseException], None]:
+            def record(n: int, exc: BaseException) -> None:
+                say(f"the driver's {what} #{n} failed: {exc!r}")
+                history.add(kind="driver", what=what, n=n, error=repr(exc))
+
+            return record
+
         runners = [
             lambda: sampler.run(stop),
             lambda: faults.inject(stack, plan, history.start, stop, fault_log.append, say),
-            lambda: load.paced(r.chat_per_s, stop, chat),
-            lambda: load.paced(r.jobs_per_s, stop, job),
-            lambda: load.paced(r.batches_per_s, stop, batch),
-            lambda: load.paced(r.streams_per_s, stop, stream),
-            lambda: load.paced(r.rollout_batches_per_s, stop, rollouts),
+            lambda: load.paced(r.chat_per_s, stop, chat, failed("chat")),
+            lambda: load.paced(r.jobs_per_s, stop, job, failed("job")),
+            lambda: load.paced(r.batches_per_s, stop, batch, failed("batch")),
+            lambda: load.paced(r.streams_per_s, stop, stream, failed("event stream")),
+            lambda: load.paced(r.rollout_batches_per_s, stop, rollouts, failed("rollout batch")),
         ]
         threads = [threading.Thread(target=fn, daemon=True) for fn in runners]
         for th in threads:
@@ -434,6 +442,9 @@ def run_soak(out: Path, params: SoakParams) -> dict[str, Any]:
     }.items():
         checks[name] = counts
         violations += found
+    # The driver itself: a call of it that failed left its record unwritten.
+    for d in history.of("driver"):
+        violations.append(f"the load's {d['what']} #{d['n']} failed in the driver: {d['error']}")
     # The run itself: every planned fault injected, and its target back.
     for done in fault_log:
         if done["detail"].startswith(("not injected", "restart failed")):

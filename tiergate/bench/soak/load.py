@@ -347,7 +347,11 @@ def follow_events(
                         done = True
                         break
                     if line.startswith("data: "):
-                        seen.append(int(json.loads(line[6:])["sequence_number"]))
+                        event = json.loads(line[6:])
+                        if "error" in event:  # the store failed mid-stream: typed, resumed
+                            error = str(event["error"].get("code") or event["error"].get("type"))
+                            break
+                        seen.append(int(event["sequence_number"]))
                         got += 1
                         if got == 2:
                             break
@@ -401,16 +405,30 @@ def rollout_batch(
     history.add(**rec, groups=groups)
 
 
-def paced(rate: float, stop: threading.Event, call: Callable[[int], None]) -> None:
+def paced(
+    rate: float,
+    stop: threading.Event,
+    call: Callable[[int], None],
+    failed: Callable[[int, BaseException], None],
+) -> None:
     """``call(n)`` at ``rate`` per second until ``stop``, the first at once and the rest
     at Poisson arrivals; each call on a thread of its own, so that a slow answer does not
-    slow the rate. (A rare driver's first call at once: a short soak holds one of each.)"""
+    slow the rate. (A rare driver's first call at once: a short soak holds one of each.)
+    A call that raises is given to ``failed``: the driver's own failure, which the check
+    counts as a violation (a record it never wrote would otherwise go unchecked)."""
     if rate <= 0:
         return
     rng = random.Random(hash((rate, id(call))))
+
+    def guarded(n: int) -> None:
+        try:
+            call(n)
+        except Exception as exc:
+            failed(n, exc)
+
     for n in itertools.count():
         if n and stop.wait(rng.expovariate(rate)):
             return
         if stop.is_set():
             return
-        threading.Thread(target=call, args=(n,), daemon=True).start()
+        threading.Thread(target=guarded, args=(n,), daemon=True).start()
