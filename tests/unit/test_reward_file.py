@@ -47,6 +47,9 @@ def test_named_rewards_are_kept_and_summed(tmp_path: Path) -> None:
         "[1, 2]",
         '{"a": 1',
         "",
+        '{"a": ' + "[" * 20000 + "]" * 20000 + "}",  # nested past the parser's depth
+        json.dumps({f"r{i}": 1.7e308 for i in range(4)}),  # each finite, their sum not
+        '{"a": ' + "9" * 5000 + "}",  # an integer past Python's digit limit
     ],
 )
 def test_anything_else_is_no_reward(tmp_path: Path, text: str) -> None:

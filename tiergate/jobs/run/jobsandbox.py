@@ -194,9 +194,14 @@ def read_rewards(workspace: Path, name: str | None) -> tuple[float | None, dict[
         text = raw.decode().strip()
         if text.startswith("{"):
             named = _named_rewards(json.loads(text))
-            return (None, None) if named is None else (math.fsum(named.values()), named)
+            if named is None:
+                return None, None
+            value = math.fsum(named.values())
+            return (value, named) if math.isfinite(value) else (None, None)
         value = float(text.split()[0])
-    except (ValueError, IndexError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    # UnicodeDecodeError and JSONDecodeError are ValueErrors; a deeply nested object is a
+    # RecursionError; a sum past a float an OverflowError.
+    except (ValueError, IndexError, RecursionError, OverflowError):
         return None, None
     return (value, None) if math.isfinite(value) else (None, None)
 
