@@ -38,7 +38,7 @@ class KafkaSettings(_Section):
     # a broker that stops answering costs a worker's memory: kafka-python 3.0.12 busy-loops
     # while a fetch hangs and holds on to what each turn allocates until the fetch times
     # out (measured: about 20 MB a second on an AMD EPYC Zen 5, 540 MB per consumer at
-    # kafka-python's default of 30 s, 130 MB at 10 s; tests/fault/test_broker_stall_memory.py).
+    # kafka-python's default of 30 s, 130 MB at 10 s; tests/jobs/test_broker_stall_memory.py).
     consumer_request_timeout_seconds: float = Field(10.0, ge=1.0, le=300.0)
     # The largest message the producer sends (kafka-python's max_request_size); the gateway
     # refuses a job whose message would be over it with 413 before anything is written. The
