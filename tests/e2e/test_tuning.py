@@ -20,6 +20,7 @@ from tiergate.evidence import TierDecision
 from tiergate.settings import load_settings
 from tiergate.tiers import Tier
 from tiergate.tuning import tuner
+from tiergate.tuning.decide import SLOWER_BAND
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,10 @@ def test_the_tuner_measures_decides_and_the_gateway_shows_it(
     assert set(result.speedup) == {"1", "2"} and all(v > 0 for v in result.speedup.values())
     assert all(result.tpot_ms[k] > 0 and result.standard_tpot_ms[k] > 0 for k in ("1", "2"))
     assert result.acceptance_rate is not None and 0 < result.acceptance_rate <= 1
-    nowhere_slower = min(result.speedup.values()) >= settings.tuning.min_speedup_any_level
+    # "Slower" allows for the measurement's noise (decide.SLOWER_BAND): in the CI of 067bce9
+    # on a Zen 5 a level measured just under 1.0x and the candidate was judged, as it must be.
+    floor = settings.tuning.min_speedup_any_level * (1 - SLOWER_BAND)
+    nowhere_slower = min(result.speedup.values()) >= floor
     # Judged exactly when it could be chosen (whether it passes depends on the engine's
     # sampler, so only the consequences are asserted).
     assert (result.parity is not None) == nowhere_slower
