@@ -25,6 +25,9 @@ class KeyLimits(_Section):
     # tiergate.gateway.access.budgets).
     tokens_per_day: int | None = Field(None, ge=1)
     tokens_per_month: int | None = Field(None, ge=1)
+    # The same in US dollars, each tier's tokens at its ``auth.prices``.
+    spend_per_day: float | None = Field(None, gt=0)
+    spend_per_month: float | None = Field(None, gt=0)
 
 
 class TeamBudget(_Section):
@@ -32,6 +35,12 @@ class TeamBudget(_Section):
 
     tokens_per_day: int | None = Field(None, ge=1)
     tokens_per_month: int | None = Field(None, ge=1)
+    spend_per_day: float | None = Field(None, gt=0)
+    spend_per_month: float | None = Field(None, gt=0)
+
+
+def _spends(budget: KeyLimits | TeamBudget) -> bool:
+    return bool(budget.spend_per_day or budget.spend_per_month)
 
 
 class ApiKey(_Section):
@@ -83,11 +92,33 @@ class AuthSettings(_Section):
     # Spend budgets of teams, by the ``owner`` their keys share; each key's own budgets are
     # in its ``limits`` (tiergate.gateway.access.budgets).
     teams: dict[str, TeamBudget] = Field(default_factory=dict)
+    # US dollars per million tokens (prompt and completion alike) on each tier, for the
+    # ``spend_per_day`` and ``spend_per_month`` budgets: a request costs its tokens at the
+    # price of the tier that served it. Every tier needs a price once any spend budget is
+    # set (a tier left out would be free, and its callers' budgets never spent).
+    prices: dict[Tier, float] = Field(default_factory=dict)
+
+    @field_validator("prices")
+    @classmethod
+    def _priced(cls, prices: dict[Tier, float]) -> dict[Tier, float]:
+        bad = [f"{t.value}: {p}" for t, p in prices.items() if not 0 <= p < 1e6]
+        if bad:
+            raise ValueError(f"auth.prices must be 0 to 1e6 dollars per million tokens ({bad})")
+        return prices
 
     @model_validator(mode="after")
     def _unique(self) -> AuthSettings:
         if self.enabled and not self.keys and not self.keys_file:
             raise ValueError("auth.enabled is true but auth.keys is empty (and no keys_file)")
+        spending = [f"key {k.name}" for k in self.keys if _spends(k.limits)] + [
+            f"team {name}" for name, team in self.teams.items() if _spends(team)
+        ]
+        unpriced = [t.value for t in Tier if t not in self.prices]
+        if spending and unpriced:
+            raise ValueError(
+                f"auth.prices has no price for {', '.join(unpriced)}, and {spending[0]} has "
+                "a spend budget: set a price (dollars per million tokens) for every tier"
+            )
         for attr in ("name", "hash"):
             seen = [getattr(k, attr) for k in self.keys]
             dupes = {v for v in seen if seen.count(v) > 1}

@@ -26,6 +26,7 @@ from tiergate.gateway.access.budgets import Budgets
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
+from tiergate.tiers import Tier
 
 ROUTES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
@@ -153,25 +154,25 @@ def test_the_day_turns_on_a_fake_clock_and_the_month_does_not(
         clock = Clock(calendar.timegm((2026, 12, 31, 23, 59, 0)))
         budgets = Budgets(AuthSettings(), limiter, clock)
         caller = _key({"tokens_per_day": 100, "tokens_per_month": 150})
-        first = await budgets.charge(caller, 60)
+        first = await budgets.charge(caller, 60, Tier.STANDARD)
         assert first is not None and first.shared is shared
-        budgets.settle(first, 90)  # the answer used more than the prompt's estimate
+        budgets.settle(first, 90, Tier.STANDARD)  # the answer used more than the prompt's estimate
         await budgets.close()
         with pytest.raises(OpenAIError) as refused:
-            await budgets.charge(caller, 20)
+            await budgets.charge(caller, 20, Tier.STANDARD)
         assert refused.value.code == "insufficient_quota" and "per day" in refused.value.message
         assert int(refused.value.headers["retry-after"]) == 60  # to midnight UTC
         clock.now += 61  # a new day, and a new month too (December ends)
-        again = await budgets.charge(caller, 20)
+        again = await budgets.charge(caller, 20, Tier.STANDARD)
         assert again is not None
-        budgets.settle(again, 20)
+        budgets.settle(again, 20, Tier.STANDARD)
         clock.now += 86400  # the day after: the month's 150 hold
-        assert await budgets.charge(caller, 100) is not None  # the month at 120
+        assert await budgets.charge(caller, 100, Tier.STANDARD) is not None  # the month at 120
         clock.now += 86400
         with pytest.raises(OpenAIError) as month:
-            await budgets.charge(caller, 31)
+            await budgets.charge(caller, 31, Tier.STANDARD)
         assert "per month" in month.value.message
-        assert await budgets.charge(caller, 30) is not None
+        assert await budgets.charge(caller, 30, Tier.STANDARD) is not None
         await limiter.close()
 
     asyncio.run(scenario())
@@ -181,10 +182,10 @@ def test_a_refused_request_gives_its_charge_back() -> None:
     async def scenario() -> None:
         budgets = Budgets(AuthSettings(), Limiter(LimitSettings()), Clock(1.8e9))
         caller = _key({"tokens_per_day": 10})
-        charge = await budgets.charge(caller, 8)
+        charge = await budgets.charge(caller, 8, Tier.STANDARD)
         assert charge is not None
-        budgets.settle(charge, 0)  # refused before an engine: Lease.refuse
-        assert await budgets.charge(caller, 8) is not None
+        budgets.settle(charge, 0, Tier.STANDARD)  # refused before an engine: Lease.refuse
+        assert await budgets.charge(caller, 8, Tier.STANDARD) is not None
 
     asyncio.run(scenario())
 

@@ -35,12 +35,22 @@ def usage(
         typer.echo(f"{body['key']}: no spend budget is set")
         return
     typer.echo(
-        f"{'scope':<6} {'name':<26} {'period':<6} {'limit':>12} {'spent':>12} "
+        f"{'scope':<6} {'name':<26} {'period':<6} {'unit':<6} {'limit':>12} {'spent':>12} "
         f"{'left':>12}  renews (UTC)"
     )
     for b in body["data"]:
         renews = time.strftime("%Y-%m-%d %H:%M", time.gmtime(b["resets_at"]))
+        unit = b.get("unit", "tokens")
+        limit, spent, left = (b[f"{f}_{unit}"] for f in ("limit", "spent", "remaining"))
+        if unit == "usd":
+            limit, spent, left = (f"{v:.6f}" for v in (limit, spent, left))
         typer.echo(
-            f"{b['scope']:<6} {b['name'][:26]:<26} {b['period']:<6} {b['limit_tokens']:>12} "
-            f"{b['spent_tokens']:>12} {b['remaining_tokens']:>12}  {renews}"
+            f"{b['scope']:<6} {b['name'][:26]:<26} {b['period']:<6} {unit:<6} {limit:>12} "
+            f"{spent:>12} {left:>12}  {renews}"
+        )
+    prices = body.get("prices_per_million_tokens")
+    if prices:
+        typer.echo(
+            "dollars per million tokens: "
+            + ", ".join(f"{tier} {price:g}" for tier, price in sorted(prices.items()))
         )

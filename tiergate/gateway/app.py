@@ -397,13 +397,18 @@ def create_app(settings: Settings, fitting: Fitting | None = None) -> FastAPI:
         responses={200: {"description": "The caller's spend budgets and what each has left"}},
     )
     async def usage(request: Request) -> Response:
-        """The calling key's spend budgets and its team's (tokens per UTC day and month):
-        limit, spent, left, and when each renews. Only the caller's own; empty when none
-        is set (or keys are off)."""
+        """The calling key's spend budgets and its team's (tokens, or dollars at each tier's
+        price, per UTC day and month): limit, spent, left, and when each renews, with the
+        prices where a budget is in dollars. Only the caller's own; empty when none is set
+        (or keys are off)."""
         state = gateway_state(request)
         caller = state.gatekeeper.authenticate(request.headers.get("authorization"))
-        budgets = await state.gatekeeper.budgets.usage(caller)
-        return _json({"object": "list", "key": caller.name, "data": budgets})
+        book = state.gatekeeper.budgets
+        budgets = await book.usage(caller)
+        body: dict[str, Any] = {"object": "list", "key": caller.name, "data": budgets}
+        if any(b["unit"] == "usd" for b in budgets):
+            body["prices_per_million_tokens"] = {t.value: p for t, p in book.prices.items()}
+        return _json(body)
 
     return app
 

@@ -117,6 +117,7 @@ class Authenticator:
                 enabled=self._enabled,
                 keys=[*self._settings.keys, *keys],
                 keys_file=str(self._file),
+                prices=self._settings.prices,
             )
         except (OSError, ValidationError) as exc:
             raise KeysFileError(f"auth.keys_file {self._file}: {exc}") from exc

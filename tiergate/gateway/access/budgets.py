@@ -14,6 +14,12 @@ out. Agent jobs' and batches' model calls are made as their owner's first key
 against the team's budgets, and against the key's own only where the key has no ``owner``
 (it is then its own team).
 
+A budget in dollars (``spend_per_day``, ``spend_per_month``) is the same, with each token
+at the price of the tier that served it (``auth.prices``, dollars per million tokens): a
+request is held against it at its estimate's price on the tier chosen, and corrected with
+the price of the tier that answered (the policy may move it). Counted in micro-dollars
+(a dollar per million tokens is a micro-dollar a token), rounded up.
+
 Counted in Redis where the limits are (``limits.redis_url``: every replica shares one
 count; one script call per admission, the correction sent without waiting; a key's and its
 team's counters share a hash slot), in-process otherwise, and in-process while Redis does
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,34 +41,35 @@ from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.errors import OpenAIError
 from tiergate.protocol.openaibatch import LIMIT_HEADER
+from tiergate.tiers import Tier
 
-# KEYS: the counters. ARGV: the cost, then per counter its limit and its time to live.
+# KEYS: the counters. ARGV: per counter its cost, its limit and its time to live.
 # Returns {1, 0, spent...} when charged, {0, index, spent} for the first budget it passes.
 _CHARGE = """
-local cost = tonumber(ARGV[1])
 local spent = {}
 for i, key in ipairs(KEYS) do
   spent[i] = tonumber(redis.call('GET', key) or '0')
-  if spent[i] + cost > tonumber(ARGV[2 * i]) then
+  if spent[i] + tonumber(ARGV[3 * i - 2]) > tonumber(ARGV[3 * i - 1]) then
     return {0, i, spent[i]}
   end
 end
 for i, key in ipairs(KEYS) do
-  redis.call('INCRBY', key, cost)
-  redis.call('EXPIRE', key, tonumber(ARGV[2 * i + 1]))
+  redis.call('INCRBY', key, tonumber(ARGV[3 * i - 2]))
+  redis.call('EXPIRE', key, tonumber(ARGV[3 * i]))
 end
 return {1, 0, unpack(spent)}
 """
-# KEYS: the counters. ARGV: the correction (actual minus the estimate charged).
+# KEYS: the counters. ARGV: per counter its correction (actual minus what was charged).
 _CORRECT = """
-for _, key in ipairs(KEYS) do
+for i, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
-    redis.call('INCRBY', key, tonumber(ARGV[1]))
+    redis.call('INCRBY', key, tonumber(ARGV[i]))
   end
 end
 return 1
 """
 BUDGET_REMAINING = "x-tiergate-budget-remaining-tokens"
+BUDGET_REMAINING_USD = "x-tiergate-budget-remaining-usd"
 BUDGET_RESET = "x-tiergate-budget-reset-seconds"
 
 
@@ -78,7 +86,30 @@ def _turns(now: float) -> dict[str, tuple[str, float]]:
 
 
 def _budgeted(budget: KeyLimits | TeamBudget | None) -> bool:
-    return budget is not None and bool(budget.tokens_per_day or budget.tokens_per_month)
+    return budget is not None and bool(
+        budget.tokens_per_day
+        or budget.tokens_per_month
+        or budget.spend_per_day
+        or budget.spend_per_month
+    )
+
+
+def _limits(budget: KeyLimits | TeamBudget) -> list[tuple[str, str, int | None]]:
+    """(period, unit, limit in the unit's integer count) of each budget that is set."""
+    return [
+        ("day", "tokens", budget.tokens_per_day),
+        ("month", "tokens", budget.tokens_per_month),
+        ("day", "usd", _micro(budget.spend_per_day)),
+        ("month", "usd", _micro(budget.spend_per_month)),
+    ]
+
+
+def _micro(dollars: float | None) -> int | None:
+    return None if dollars is None else max(1, round(dollars * 1_000_000))
+
+
+def _dollars(micro: int) -> float:
+    return round(micro / 1_000_000, 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +119,10 @@ class Account:
     scope: str  # "key" or "team"
     name: str
     period: str  # "day" or "month"
-    limit: int
+    limit: int  # tokens, or micro-dollars
     counter: str
     resets_at: float
+    unit: str = "tokens"  # or "usd"
 
 
 @dataclass(slots=True)
@@ -98,17 +130,24 @@ class Charge:
     """What one admitted request charged, corrected once when it ends."""
 
     accounts: list[Account]
-    estimate: int
+    costs: list[int]  # charged to each account, in its unit
     shared: bool
-    remaining: int
+    left: list[int]  # each account's room after the charge
     reset_seconds: int
     settled: bool = False
 
     def headers(self) -> dict[str, str]:
-        return {
-            BUDGET_REMAINING: str(max(0, self.remaining)),
-            BUDGET_RESET: str(self.reset_seconds),
-        }
+        """What the tightest budget of each unit has left, and when the tightest of all
+        (the least room for its size) turns."""
+        found = {BUDGET_RESET: str(self.reset_seconds)}
+        pairs = list(zip(self.accounts, self.left, strict=True))
+        tokens = [left for a, left in pairs if a.unit == "tokens"]
+        usd = [left for a, left in pairs if a.unit == "usd"]
+        if tokens:
+            found[BUDGET_REMAINING] = str(max(0, min(tokens)))
+        if usd:
+            found[BUDGET_REMAINING_USD] = f"{_dollars(max(0, min(usd))):.6f}"
+        return found
 
 
 class Budgets:
@@ -118,6 +157,7 @@ class Budgets:
         self, auth: AuthSettings, limiter: Limiter, clock: Callable[[], float] = time.time
     ) -> None:
         self._teams = auth.teams
+        self.prices = auth.prices
         self._limiter = limiter
         self._clock = clock
         # In-process counts: counter -> (spent, when its period ends).
@@ -144,81 +184,97 @@ class Budgets:
         for scope, name, budget in (("key", key.name, key_budget), ("team", owner, team)):
             if budget is None:
                 continue
-            for period, limit in (
-                ("day", budget.tokens_per_day),
-                ("month", budget.tokens_per_month),
-            ):
+            for period, unit, limit in _limits(budget):
                 if limit:
                     pid, resets_at = turns[period]
                     # One hash slot per team: a request's counters in one script call.
-                    counter = f"tiergate:budget:{{{owner}}}:{scope}:{name}:{pid}"
-                    found.append(Account(scope, name, period, limit, counter, resets_at))
+                    suffix = "" if unit == "tokens" else f":{unit}"
+                    counter = f"tiergate:budget:{{{owner}}}:{scope}:{name}:{pid}{suffix}"
+                    found.append(Account(scope, name, period, limit, counter, resets_at, unit))
         return found
 
-    async def charge(self, caller: Caller, estimate: int) -> Charge | None:
-        """Charge ``estimate`` to every budget of ``caller``, or raise the 429 that names
-        the budget it would pass; None when no budget applies."""
+    def cost(self, account: Account, tokens: int, tier: Tier) -> int:
+        """``tokens`` served on ``tier`` in ``account``'s unit (micro-dollars rounded up)."""
+        if account.unit == "tokens":
+            return tokens
+        # Settings require a price for every tier once a spend budget is set.
+        return math.ceil(tokens * self.prices[tier])
+
+    async def charge(self, caller: Caller, estimate: int, tier: Tier) -> Charge | None:
+        """Charge ``estimate`` tokens on ``tier`` to every budget of ``caller``, or raise
+        the 429 that names the budget it would pass; None when no budget applies."""
         accounts = self.accounts(caller)
         if not accounts:
             return None
-        spent, refused, shared = await self._spend(accounts, estimate)
+        costs = [self.cost(a, estimate, tier) for a in accounts]
+        spent, refused, shared = await self._spend(accounts, costs)
         now = self._clock()
         if refused is not None:
-            raise _insufficient(accounts[refused], spent[refused], estimate, now)
-        left = [a.limit - s - estimate for a, s in zip(accounts, spent, strict=True)]
-        tightest = min(range(len(accounts)), key=lambda i: left[i])
+            raise _insufficient(accounts[refused], spent[refused], costs[refused], now)
+        left = [a.limit - s - c for a, s, c in zip(accounts, spent, costs, strict=True)]
+        tightest = min(range(len(accounts)), key=lambda i: left[i] / accounts[i].limit)
         reset = max(1, int(accounts[tightest].resets_at - now))
-        return Charge(accounts, estimate, shared, left[tightest], reset)
+        return Charge(accounts, costs, shared, left, reset)
 
-    def settle(self, charge: Charge, total_tokens: int | None) -> None:
-        """Correct the charge to the usage reported, once (without waiting)."""
+    def settle(self, charge: Charge, total_tokens: int | None, tier: Tier) -> None:
+        """Correct the charge to the tokens reported on ``tier`` (the one that answered),
+        once, without waiting. Without a count (``None``) the estimate stands; 0 gives the
+        charge back."""
         if charge.settled:
             return
         charge.settled = True
-        correction = total_tokens - charge.estimate if isinstance(total_tokens, int) else 0
-        if correction == 0:
+        if not isinstance(total_tokens, int):
+            return
+        corrections = [
+            self.cost(a, total_tokens, tier) - c
+            for a, c in zip(charge.accounts, charge.costs, strict=True)
+        ]
+        if not any(corrections):
             return
         if charge.shared and self._correct is not None:
-            task = asyncio.ensure_future(self._correct_shared(charge, correction))
+            task = asyncio.ensure_future(self._correct_shared(charge, corrections))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
             return
-        for account in charge.accounts:
+        for account, correction in zip(charge.accounts, corrections, strict=True):
             spent, resets_at = self._local.get(account.counter, (0, account.resets_at))
             self._local[account.counter] = (spent + correction, resets_at)
 
     async def usage(self, caller: Caller) -> list[dict[str, Any]]:
         """Every budget of ``caller``: limit, spent, left and when it turns (GET /v1/usage)."""
         accounts = self.accounts(caller)
-        spent, _, _ = await self._spend(accounts, 0, charge=False)
-        return [
-            {
-                "scope": a.scope,
-                "name": a.name,
-                "period": a.period,
-                "limit_tokens": a.limit,
-                "spent_tokens": s,
-                "remaining_tokens": max(0, a.limit - s),
-                "resets_at": int(a.resets_at),
-            }
-            for a, s in zip(accounts, spent, strict=True)
-        ]
+        spent, _, _ = await self._spend(accounts, [0] * len(accounts), charge=False)
+        found: list[dict[str, Any]] = []
+        for a, s in zip(accounts, spent, strict=True):
+            entry: dict[str, Any] = {"scope": a.scope, "name": a.name, "period": a.period}
+            entry["unit"] = a.unit
+            if a.unit == "usd":
+                entry["limit_usd"] = _dollars(a.limit)
+                entry["spent_usd"] = _dollars(s)
+                entry["remaining_usd"] = _dollars(max(0, a.limit - s))
+            else:
+                entry["limit_tokens"] = a.limit
+                entry["spent_tokens"] = s
+                entry["remaining_tokens"] = max(0, a.limit - s)
+            entry["resets_at"] = int(a.resets_at)
+            found.append(entry)
+        return found
 
     async def close(self) -> None:
         for task in list(self._pending):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _spend(
-        self, accounts: list[Account], cost: int, charge: bool = True
+        self, accounts: list[Account], costs: list[int], charge: bool = True
     ) -> tuple[list[int], int | None, bool]:
-        """What each account has spent, the index of the first one ``cost`` would pass
+        """What each account has spent, the index of the first one its cost would pass
         (None: charged to all), and whether Redis counted it."""
         if self._charge is not None and self._limiter.shared and accounts:
             try:
                 if charge:
-                    args: list[int] = [cost]
-                    for a in accounts:
-                        args += [a.limit, int(a.resets_at - self._clock()) + 3600]
+                    args: list[int] = []
+                    for a, cost in zip(accounts, costs, strict=True):
+                        args += [cost, a.limit, int(a.resets_at - self._clock()) + 3600]
                     raw = await self._charge(keys=[a.counter for a in accounts], args=args)
                     if int(raw[0]) == 0:
                         index = int(raw[1]) - 1
@@ -232,10 +288,10 @@ class Budgets:
                 return [int(v or 0) for v in values], None, True
             except Exception as exc:  # as the limits: keep counting in this process
                 self._limiter.redis_failed(exc)
-        return (*self._spend_local(accounts, cost, charge), False)
+        return (*self._spend_local(accounts, costs, charge), False)
 
     def _spend_local(
-        self, accounts: list[Account], cost: int, charge: bool
+        self, accounts: list[Account], costs: list[int], charge: bool
     ) -> tuple[list[int], int | None]:
         now = self._clock()
         if len(self._local) > 4 * len(accounts) + 10_000:  # past periods go
@@ -243,34 +299,41 @@ class Budgets:
         spent = [self._local[a.counter][0] if a.counter in self._local else 0 for a in accounts]
         if not charge:
             return spent, None
-        for i, (a, s) in enumerate(zip(accounts, spent, strict=True)):
+        for i, (a, s, cost) in enumerate(zip(accounts, spent, costs, strict=True)):
             if s + cost > a.limit:
                 return spent, i
-        for a, s in zip(accounts, spent, strict=True):
+        for a, s, cost in zip(accounts, spent, costs, strict=True):
             self._local[a.counter] = (s + cost, a.resets_at)
         return spent, None
 
-    async def _correct_shared(self, charge: Charge, correction: int) -> None:
+    async def _correct_shared(self, charge: Charge, corrections: list[int]) -> None:
         assert self._correct is not None
         try:
-            await self._correct(keys=[a.counter for a in charge.accounts], args=[correction])
+            await self._correct(keys=[a.counter for a in charge.accounts], args=corrections)
         except Exception as exc:
             self._limiter.redis_failed(exc)
 
 
-def _insufficient(account: Account, spent: int, estimate: int, now: float) -> OpenAIError:
+def _insufficient(account: Account, spent: int, cost: int, now: float) -> OpenAIError:
     reset = max(1, int(account.resets_at - now))
     whose = "This key's" if account.scope == "key" else f"Team {account.name}'s"
+    left = max(0, account.limit - spent)
+    if account.unit == "usd":
+        amounts = (f"${_dollars(account.limit):g}", f"${_dollars(left):g}", f"${_dollars(cost):g}")
+        remaining = {BUDGET_REMAINING_USD: f"{_dollars(left):.6f}"}
+    else:
+        amounts = (f"{account.limit} tokens", str(left), str(cost))
+        remaining = {BUDGET_REMAINING: str(left)}
     return OpenAIError(
         429,
-        f"You exceeded your current quota: {whose} budget of {account.limit} tokens per "
-        f"{account.period} (UTC) has {max(0, account.limit - spent)} left, and this request "
-        f"needs about {estimate}. It renews in {reset} s.",
+        f"You exceeded your current quota: {whose} budget of {amounts[0]} per "
+        f"{account.period} (UTC) has {amounts[1]} left, and this request needs about "
+        f"{amounts[2]}. It renews in {reset} s.",
         code="insufficient_quota",
         type_="insufficient_quota",
         headers={
             "retry-after": str(reset),
-            BUDGET_REMAINING: str(max(0, account.limit - spent)),
+            **remaining,
             BUDGET_RESET: str(reset),
             LIMIT_HEADER: "budget",
         },

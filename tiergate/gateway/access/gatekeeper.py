@@ -91,7 +91,7 @@ class Lease:
         """End a request refused before it reached an engine: its budget charge is given
         back whole (its rate-limit charges stand, as before)."""
         if self.charge is not None and self.budgets is not None:
-            self.budgets.settle(self.charge, 0)
+            self.budgets.settle(self.charge, 0, self.choice.tier)
         self.end()
 
     def end(self, usage: dict[str, Any] | None = None) -> None:
@@ -108,7 +108,8 @@ class Lease:
             self.ticket.release()
         total = usage.get("total_tokens") if usage else None
         if self.charge is not None and self.budgets is not None:
-            self.budgets.settle(self.charge, total if isinstance(total, int) else None)
+            used = total if isinstance(total, int) else None
+            self.budgets.settle(self.charge, used, self.choice.tier)
         if self.usage_counter is not None and isinstance(total, int) and self.caller.key:
             self.usage_counter.labels(self.caller.owner, self.choice.tier.value).inc(total)
         if self.decision is not None and self.decision.allowed:
@@ -195,7 +196,7 @@ class Gatekeeper:
         lease.usage_counter = self._metrics.usage_tokens
         key = caller.key
         # The spend budgets first: a key whose day is spent is told so, not rate limited.
-        charge = await self.budgets.charge(caller, estimate)
+        charge = await self.budgets.charge(caller, estimate, choice.tier)
         if charge is not None:
             lease.charge, lease.budgets = charge, self.budgets
             lease.headers = charge.headers()
