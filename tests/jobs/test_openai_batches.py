@@ -20,6 +20,7 @@ from tests.jobstack import jobs_stack
 from tests.readme_blocks import assert_node_batch_guide, run_readme_block
 from tests.waiting import eventually
 from tiergate.enginesettings import DEFAULT_MODEL_NAME
+from tiergate.jobs.state.files import FileStore
 
 
 def _line(i: int, **body: Any) -> dict[str, Any]:
@@ -160,6 +161,48 @@ def test_a_key_makes_a_bounded_number_of_failed_batches_a_day(
             input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         assert batch.status == "in_progress"
+
+
+def test_a_create_uses_the_plan_made_at_upload_and_reads_the_file_only_without_one(
+    broker: str, s3: str, model: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50 item 2: the input is checked once, at upload; the create reads its stored
+    plan, not the file. A file without a plan (uploaded before plans were stored) is read
+    and checked at the create as before, and both run every line once."""
+    reads: list[str] = []
+    whole = FileStore.content_to
+
+    def counted(self: FileStore, owner: str, file_id: str, path: Path) -> bool:
+        reads.append(file_id)
+        return whole(self, owner, file_id, path)
+
+    monkeypatch.setattr(FileStore, "content_to", counted)
+    with jobs_stack(broker, s3, model, tmp_path, jobs={"batch_api": {"chunk_lines": 3}}) as stack:
+        client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused")
+        planned = client.files.create(
+            file=("in.jsonl", _jsonl([_line(i) for i in range(10)])), purpose="batch"
+        )
+        batch = client.batches.create(
+            input_file_id=planned.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert batch.status == "in_progress" and reads == []
+        assert batch.request_counts is not None and batch.request_counts.total == 10
+        # An older file: no plan stored with it.
+        monkeypatch.setattr(FileStore, "plan", lambda self, owner, file_id: None)
+        unplanned = client.files.create(
+            file=("old.jsonl", _jsonl([_line(i) for i in range(7)])), purpose="batch"
+        )
+        older = client.batches.create(
+            input_file_id=unplanned.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert older.status == "in_progress" and reads == [unplanned.id]
+        stack.start_worker()
+        for done, total in ((batch, 10), (older, 7)):
+            ended = _wait(client, done.id, {"completed"})
+            outputs = _answers(client, ended.output_file_id)
+            assert sorted(o["custom_id"] for o in outputs) == sorted(
+                f"request-{i}" for i in range(total)
+            )
 
 
 def test_a_cancelled_batch_stops_and_keeps_what_finished(

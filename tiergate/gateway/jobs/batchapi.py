@@ -72,6 +72,7 @@ class _Checked:
         self.tokens = 0
         self.model: str | None = None
         self.errors: list[dict[str, Any]] = []
+        self.max_prompt = 0  # the longest line's prompt estimate (a key's tokens_per_minute)
 
     def error(self, code: str, message: str, line: int, param: str | None = None) -> None:
         if len(self.errors) < _MAX_ERRORS:
@@ -184,6 +185,7 @@ def _check_line(found: _Checked, raw: bytes, number: int, rules: LineRules, seen
     route = ROUTES[rules.endpoint]
     most = _output_bound(found, body, number, route.max_token_fields, rules.max_output)
     prompt = max(1, math.ceil(sum(len(p) for p in route.prompt(body)) / rules.chars_per_token))
+    found.max_prompt = max(found.max_prompt, prompt)
     per_minute = rules.tokens_per_minute
     if per_minute and prompt > per_minute:
         found.error(
@@ -219,6 +221,76 @@ def _output_bound(
             return 0
         return min(value, max_output)
     return max_output if names else 0
+
+
+_PLAN_VERSION = 1
+
+
+def _plan_inputs(rules: LineRules) -> dict[str, Any]:
+    """What a stored plan was made under: a plan made under other settings is not used."""
+    return {
+        "version": _PLAN_VERSION,
+        "endpoint": rules.endpoint,
+        "chunk_lines": rules.chunk_lines,
+        "chars_per_token": rules.chars_per_token,
+        "max_output": rules.max_output,
+        "max_line_bytes": rules.max_line_bytes,
+    }
+
+
+def upload_plan(path: Path, rules: LineRules) -> dict[str, Any] | None:
+    """A batch input's check made once, at upload, for the create to use instead of reading
+    the file again (issue 50 item 2): the endpoint its first line names, its chunks, lines,
+    estimated tokens, model and longest prompt. None where the file would fail a create's
+    check (the create reads it then, and names each line's problem with the key's limits)
+    or names no batch endpoint. ``rules.endpoint`` is ignored; the key's tokens_per_minute
+    is checked at the create against the stored longest prompt."""
+    try:
+        with path.open("rb") as source:
+            lines = bounded_lines(source, rules.max_line_bytes)
+            first = next((raw for raw in lines if raw.strip()), b"")
+        endpoint = orjson.loads(first).get("url")
+    except (LineTooLong, orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(endpoint, str) or endpoint not in ROUTES:
+        return None
+    rules = LineRules(
+        endpoint,
+        rules.chunk_lines,
+        rules.chars_per_token,
+        rules.max_output,
+        None,
+        rules.max_line_bytes,
+    )
+    checked = check_input(path, rules)
+    if checked.errors or checked.model is None:
+        return None
+    return {
+        **_plan_inputs(rules),
+        "lines": checked.lines,
+        "tokens": checked.tokens,
+        "model": checked.model,
+        "max_prompt": checked.max_prompt,
+        "plan": checked.plan,
+    }
+
+
+def _from_plan(stored: dict[str, Any] | None, rules: LineRules) -> _Checked | None:
+    """The create's check from the plan stored at upload, when it was made under these
+    rules and no line's prompt is over the key's tokens_per_minute; else None (the create
+    reads the file)."""
+    if stored is None:
+        return None
+    if any(stored.get(k) != v for k, v in _plan_inputs(rules).items()):
+        return None
+    per_minute = rules.tokens_per_minute
+    if per_minute and int(stored["max_prompt"]) > per_minute:
+        return None
+    found = _Checked()
+    found.plan = [[int(v) for v in chunk] for chunk in stored["plan"]]
+    found.lines, found.tokens = int(stored["lines"]), int(stored["tokens"])
+    found.model, found.max_prompt = str(stored["model"]), int(stored["max_prompt"])
+    return found
 
 
 class BatchAPI:
@@ -395,13 +467,39 @@ class BatchAPI:
     async def _check(
         self, caller: Caller, spec: OpenAIBatchCreate, headers: dict[str, str]
     ) -> _Checked:
-        self._slots.take(caller.owner, headers, doing="checking")
-        try:
-            return await self._check_spooled(caller, spec)
-        finally:
-            self._slots.release(caller.owner)
+        """The input's check: from the plan stored at upload (one small read), or, without
+        one that holds, by reading the whole file into a spool slot."""
+        limits = caller.key.limits if caller.key is not None else None
+        rules = self.rules(spec.endpoint, limits.tokens_per_minute if limits else None)
+        stored = await self._reads(caller, self._files.plan, caller.owner, spec.input_file_id)
+        checked = _from_plan(stored, rules)
+        if checked is None:
+            self._slots.take(caller.owner, headers, doing="checking")
+            try:
+                checked = await self._read_and_check(caller, spec, rules)
+            finally:
+                self._slots.release(caller.owner)
+        if checked.model is not None and not checked.errors:
+            try:
+                self._gatekeeper.check_model(caller, checked.model)
+            except OpenAIError as err:
+                checked.error("model_not_found", err.message, 1, "body.model")
+        return checked
 
-    async def _check_spooled(self, caller: Caller, spec: OpenAIBatchCreate) -> _Checked:
+    def rules(self, endpoint: str, tokens_per_minute: int | None = None) -> LineRules:
+        """What a batch's lines are checked against, here and at upload (FilesAPI)."""
+        return LineRules(
+            endpoint,
+            self._settings.chunk_lines,
+            self._chars,
+            self._max_output,
+            tokens_per_minute,
+            self._max_body,
+        )
+
+    async def _read_and_check(
+        self, caller: Caller, spec: OpenAIBatchCreate, rules: LineRules
+    ) -> _Checked:
         with tempfile.TemporaryDirectory(prefix="tiergate-batch-") as tmp:
             path = Path(tmp) / "input"
             # Charged to the key's read budget, bytes included, as a download of it is.
@@ -411,22 +509,8 @@ class BatchAPI:
                 raise OpenAIError(
                     400, "The input file's content is missing.", param="input_file_id"
                 )
-            limits = caller.key.limits if caller.key is not None else None
-            rules = LineRules(
-                spec.endpoint,
-                self._settings.chunk_lines,
-                self._chars,
-                self._max_output,
-                limits.tokens_per_minute if limits is not None else None,
-                self._max_body,
-            )
             checked: _Checked = await self._check_on(check_input, path, rules)
-        if checked.model is not None and not checked.errors:
-            try:
-                self._gatekeeper.check_model(caller, checked.model)
-            except OpenAIError as err:
-                checked.error("model_not_found", err.message, 1, "body.model")
-        return checked
+            return checked
 
     def _enqueue(self, owner: str, batch: dict[str, Any], plan: list[list[int]]) -> None:
         for index in range(len(plan)):

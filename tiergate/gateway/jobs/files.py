@@ -152,11 +152,14 @@ class FilesAPI:
         slots: SpoolSlots,
         max_line_bytes: int,
         check: Storage,
+        planner: Callable[[Path], dict[str, Any] | None] | None = None,
     ) -> None:
         """``check``: runs a file's check on the checks' own threads
-        (tiergate.gateway.jobs.threads)."""
+        (tiergate.gateway.jobs.threads); ``planner``: a batch input's check, made once at
+        upload and stored with it for the create (tiergate.gateway.jobs.batchapi)."""
         self._jobs = jobs
         self._check = check
+        self._planner = planner
         # gateway.max_body_bytes: a longer line could never be sent (tiergate.jobs.lines.reading).
         self._max_line_bytes = max_line_bytes
         self._settings = jobs.files
@@ -228,6 +231,9 @@ class FilesAPI:
                         code="invalid_file",
                     )
                 await self._check_quota(caller, size, headers)
+                plan = None
+                if purpose == "batch" and self._planner is not None:
+                    plan = await self._check(self._planner, Path(copy.name))
                 meta = {
                     "id": file_id,
                     "object": "file",
@@ -239,7 +245,7 @@ class FilesAPI:
                     "expires_at": None,
                     "status_details": None,
                 }
-                await self._storage(self._files.put, caller.owner, meta, Path(copy.name))
+                await self._storage(self._files.put, caller.owner, meta, Path(copy.name), plan)
         return _json(meta, headers)
 
     async def _check_quota(self, caller: Caller, adding: int, headers: dict[str, str]) -> None:

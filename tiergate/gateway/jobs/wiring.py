@@ -3,11 +3,12 @@ then, so that a gateway without jobs loads neither kafka nor boto3 (nor the job 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.jobs.api import JobsAPI
-from tiergate.gateway.jobs.batchapi import BatchAPI
+from tiergate.gateway.jobs.batchapi import BatchAPI, upload_plan
 from tiergate.gateway.jobs.batches import BatchesAPI
 from tiergate.gateway.jobs.files import FilesAPI
 from tiergate.gateway.jobs.threads import JobThreads
@@ -44,16 +45,6 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
     )
     batches = BatchesAPI(jobs, store, settings.gateway.max_body_bytes, settings.jobs)
     file_store = FileStore(store)
-    files = FilesAPI(
-        settings.jobs,
-        file_store,
-        gatekeeper,
-        jobs.storage,
-        jobs.read,
-        jobs.spool_slots,
-        settings.gateway.max_body_bytes,
-        threads.check,
-    )
     openai_batches = BatchAPI(
         settings.jobs.batch_api,
         LineBatchStore(store),
@@ -67,5 +58,16 @@ def build_jobs(settings: Settings, gatekeeper: Gatekeeper) -> JobsWiring:
         settings.gateway.max_tokens_limit,
         jobs.spool_slots,
         threads.check,
+    )
+    files = FilesAPI(
+        settings.jobs,
+        file_store,
+        gatekeeper,
+        jobs.storage,
+        jobs.read,
+        jobs.spool_slots,
+        settings.gateway.max_body_bytes,
+        threads.check,
+        functools.partial(upload_plan, rules=openai_batches.rules("")),
     )
     return JobsWiring(jobs, batches, files, openai_batches, queue, threads)

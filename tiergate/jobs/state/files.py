@@ -4,6 +4,8 @@ ever under its own owner)::
     files/{owner}/{file_id}/meta.json   the file object (id, bytes, created_at, filename,
                                         purpose, status), written after the content
     files/{owner}/{file_id}/content     the bytes, stored and read a part at a time
+    files/{owner}/{file_id}/plan.json   a batch input's check, made once at upload
+                                        (tiergate.gateway.jobs.batchapi.upload_plan)
 
 A file exists once its ``meta.json`` does: a write that failed half-way leaves at most a
 content object no listing shows. File ids sort by creation time (milliseconds, then random
@@ -23,6 +25,7 @@ from tiergate.jobs.state.store import JobStore
 
 _META = "meta.json"
 _CONTENT = "content"
+_PLAN = "plan.json"
 
 
 def new_file_id(now: float | None = None) -> str:
@@ -41,10 +44,19 @@ class FileStore:
     def _key(self, owner: str, file_id: str, name: str) -> str:
         return f"{self._root}{owner}/{file_id}/{name}"
 
-    def put(self, owner: str, meta: dict[str, Any], path: Path) -> None:
-        """Store the content from the file ``path`` (in parts), then the file object."""
+    def put(
+        self, owner: str, meta: dict[str, Any], path: Path, plan: dict[str, Any] | None = None
+    ) -> None:
+        """Store the content from the file ``path`` (in parts) and its ``plan``, then the
+        file object."""
         file_id = str(meta["id"])
         self._objects.put_file(self._key(owner, file_id, _CONTENT), path)
+        if plan is not None:
+            self._objects.put(
+                self._key(owner, file_id, _PLAN),
+                orjson.dumps(plan),
+                content_type="application/json",
+            )
         self._objects.put(
             self._key(owner, file_id, _META), orjson.dumps(meta), content_type="application/json"
         )
@@ -55,6 +67,14 @@ class FileStore:
             return None
         meta: dict[str, Any] = orjson.loads(raw)
         return meta
+
+    def plan(self, owner: str, file_id: str) -> dict[str, Any] | None:
+        """The check stored with a batch input at upload, if one was."""
+        raw = self._objects.get(self._key(owner, file_id, _PLAN))
+        if raw is None:
+            return None
+        plan: dict[str, Any] = orjson.loads(raw)
+        return plan
 
     def content_to(self, owner: str, file_id: str, path: Path) -> bool:
         """The content into the file ``path``, a chunk at a time; False when missing."""
@@ -90,3 +110,4 @@ class FileStore:
         """The file object first (the file is gone from then on), then its content."""
         self._objects.delete(self._key(owner, file_id, _META))
         self._objects.delete(self._key(owner, file_id, _CONTENT))
+        self._objects.delete(self._key(owner, file_id, _PLAN))
