@@ -76,7 +76,7 @@ def test_a_dollar_budget_counts_each_tiers_tokens_at_its_price(
             await budgets.charge(caller, 11, Tier.FAST)
         error = refused.value
         assert error.status == 429 and error.code == "insufficient_quota"
-        assert "$0.0001 per day" in error.message and "$1e-05 left" in error.message
+        assert "$0.0001 per day" in error.message and "$0.00001 left" in error.message
         assert error.headers[BUDGET_REMAINING_USD] == "0.000010"
         assert await _spent(budgets, caller) == {"tokens": 30, "usd": 0.00009}  # unchanged
         last = await budgets.charge(caller, 10, Tier.STANDARD)

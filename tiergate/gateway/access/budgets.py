@@ -112,6 +112,11 @@ def _dollars(micro: int) -> float:
     return round(micro / 1_000_000, 6)
 
 
+def _usd(micro: int) -> str:
+    """Micro-dollars as a message says them: $25, $0.00001 (never 1e-05)."""
+    return "$" + f"{micro / 1_000_000:.6f}".rstrip("0").rstrip(".")
+
+
 @dataclass(frozen=True, slots=True)
 class Account:
     """One budget that applies to a request, in the period under way."""
@@ -319,7 +324,7 @@ def _insufficient(account: Account, spent: int, cost: int, now: float) -> OpenAI
     whose = "This key's" if account.scope == "key" else f"Team {account.name}'s"
     left = max(0, account.limit - spent)
     if account.unit == "usd":
-        amounts = (f"${_dollars(account.limit):g}", f"${_dollars(left):g}", f"${_dollars(cost):g}")
+        amounts = (_usd(account.limit), _usd(left), _usd(cost))
         remaining = {BUDGET_REMAINING_USD: f"{_dollars(left):.6f}"}
     else:
         amounts = (f"{account.limit} tokens", str(left), str(cost))
