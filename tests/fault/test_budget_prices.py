@@ -11,7 +11,6 @@ import calendar
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,9 +19,10 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from tests.fakes.fake_vllm import MODEL, FakeVllm
+from tests.fault.test_budgets import Clock, _key
 from tests.fault.test_shared_limits_redis import RedisServer, redis_server  # noqa: F401
 from tests.servers import gateway_settings, running_gateway
-from tiergate.accesssettings import ApiKey, AuthSettings, KeyLimits, LimitSettings, TeamBudget
+from tiergate.accesssettings import ApiKey, AuthSettings, LimitSettings, TeamBudget
 from tiergate.cli import app as cli_app
 from tiergate.gateway.access.auth import Authenticator, Caller, KeysFileError, new_key
 from tiergate.gateway.access.budgets import BUDGET_REMAINING_USD, Budgets
@@ -31,19 +31,6 @@ from tiergate.gateway.errors import OpenAIError
 from tiergate.tiers import Tier
 
 PRICES = {Tier.STANDARD: 1.0, Tier.FAST: 4.0}  # dollars per million tokens
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _caller(**limits: Any) -> Caller:
-    _, digest = new_key()
-    return Caller("k", ApiKey(name="k", hash=digest, limits=KeyLimits(**limits)))
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -56,7 +43,7 @@ def test_a_dollar_budget_counts_each_tiers_tokens_at_its_price(
         clock = Clock(calendar.timegm((2026, 12, 7, 12, 0, 0)))
         budgets = Budgets(AuthSettings(prices=PRICES), limiter, clock)
         # $0.0001 a day: 100 micro-dollars, 100 standard tokens or 25 fast ones.
-        caller = _caller(spend_per_day=0.0001, tokens_per_day=1000)
+        caller = _key({"spend_per_day": 0.0001, "tokens_per_day": 1000})
         fast = await budgets.charge(caller, 10, Tier.FAST)
         assert fast is not None and fast.shared is shared
         assert fast.costs == [10, 40]  # the token budget, the dollar budget

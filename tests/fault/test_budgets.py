@@ -139,7 +139,7 @@ class Clock:
         return self.now
 
 
-def _key(limits: dict[str, int]) -> Caller:
+def _key(limits: dict[str, float]) -> Caller:
     _, digest = new_key()
     return Caller("k", ApiKey(name="k", hash=digest, limits=KeyLimits(**limits)))
 

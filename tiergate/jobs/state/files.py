@@ -62,19 +62,18 @@ class FileStore:
         )
 
     def get(self, owner: str, file_id: str) -> dict[str, Any] | None:
-        raw = self._objects.get(self._key(owner, file_id, _META))
-        if raw is None:
-            return None
-        meta: dict[str, Any] = orjson.loads(raw)
-        return meta
+        return self._read(owner, file_id, _META)
 
     def plan(self, owner: str, file_id: str) -> dict[str, Any] | None:
         """The check stored with a batch input at upload, if one was."""
-        raw = self._objects.get(self._key(owner, file_id, _PLAN))
+        return self._read(owner, file_id, _PLAN)
+
+    def _read(self, owner: str, file_id: str, name: str) -> dict[str, Any] | None:
+        raw = self._objects.get(self._key(owner, file_id, name))
         if raw is None:
             return None
-        plan: dict[str, Any] = orjson.loads(raw)
-        return plan
+        found: dict[str, Any] = orjson.loads(raw)
+        return found
 
     def content_to(self, owner: str, file_id: str, path: Path) -> bool:
         """The content into the file ``path``, a chunk at a time; False when missing."""
