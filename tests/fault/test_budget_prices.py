@@ -94,6 +94,13 @@ def test_a_spend_budget_needs_a_price_for_every_tier(tmp_path: Path) -> None:
         AuthSettings(teams={"t": TeamBudget(spend_per_month=100.0)})
     with pytest.raises(ValidationError, match="dollars per million tokens"):
         AuthSettings(prices={Tier.STANDARD: -1.0, Tier.FAST: 1.0})
+    # Rounded up to the micro-dollar, but not by binary noise (100 x 0.07 is 7, not 8).
+    book = Budgets(
+        AuthSettings(prices={Tier.STANDARD: 0.07, Tier.FAST: 0.5}), Limiter(LimitSettings())
+    )
+    [account] = book.accounts(_key({"spend_per_day": 1.0}))
+    assert book.cost(account, 100, Tier.STANDARD) == 7
+    assert book.cost(account, 3, Tier.FAST) == 2  # 1.5 micro-dollars: rounded up
     assert AuthSettings(enabled=True, keys=[spender], prices=PRICES).keys[0].limits.spend_per_day
     # A key file cannot bring a spend budget the settings cannot price.
     _, other = new_key()
@@ -158,10 +165,19 @@ def test_two_replicas_spend_one_teams_dollars_at_each_tiers_price(
         assert (team["scope"], team["name"], team["unit"]) == ("team", "team-t", "usd")
         assert team["spent_usd"] == pytest.approx(0.00004)  # 32 + 8 micro-dollars
         assert team["remaining_usd"] == pytest.approx(0.00006)
+        # A standard request that the standard engine fails is answered by fast (the
+        # policy's fallback): it pays the fast price, 32 micro-dollars, not 8.
+        fakes[0].behaviour.mode, fakes[0].behaviour.status = "status", 503
+        moved = _post(one, one_key, "standard")
+        assert moved.status_code == 200, moved.text
+        assert moved.headers["x-tiergate-fallback"] == "true"
+        fakes[0].behaviour.mode = "ok"
+        usage = httpx.get(f"{one}/v1/usage", headers={"authorization": f"Bearer {one_key}"})
+        assert usage.json()["data"][0]["spent_usd"] == pytest.approx(0.00004 + 0.000032)
         # Spend the rest on fast across both replicas: refused once a fast answer no
-        # longer fits, while a standard one still does.
-        codes = [_post(one if i % 2 else two, one_key, "fast").status_code for i in range(4)]
-        assert codes[0] == 200 and 429 in codes, codes
+        # longer fits.
+        codes = [_post(one if i % 2 else two, one_key, "fast").status_code for i in range(3)]
+        assert 429 in codes, codes
         refused = _post(one, two_key, "fast")
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "insufficient_quota"

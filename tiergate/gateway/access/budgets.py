@@ -202,8 +202,9 @@ class Budgets:
         """``tokens`` served on ``tier`` in ``account``'s unit (micro-dollars rounded up)."""
         if account.unit == "tokens":
             return tokens
-        # Settings require a price for every tier once a spend budget is set.
-        return math.ceil(tokens * self.prices[tier])
+        # Settings require a price for every tier once a spend budget is set. Rounded to the
+        # micro-dollar first: 100 tokens at 0.07 is 7.000000000000001 in binary, not 8.
+        return math.ceil(round(tokens * self.prices[tier], 6))
 
     async def charge(self, caller: Caller, estimate: int, tier: Tier) -> Charge | None:
         """Charge ``estimate`` tokens on ``tier`` to every budget of ``caller``, or raise

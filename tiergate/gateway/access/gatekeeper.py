@@ -58,6 +58,9 @@ class Lease:
     decision: Decision | None = None
     ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # The tier whose engine answered, once one did: the admitted tier's, or its fallback's
+    # (tiergate.gateway.openai.upstream). Its price is the one a budget in dollars pays.
+    answered_on: Tier | None = None
     # An interactive request's patient lane, and the patient requests in flight when it
     # was admitted: its answer's TPOT and TTFT are that lane's signal (PatientLane.observe).
     lane: PatientLane | None = None
@@ -91,7 +94,7 @@ class Lease:
         """End a request refused before it reached an engine: its budget charge is given
         back whole (its rate-limit charges stand, as before)."""
         if self.charge is not None and self.budgets is not None:
-            self.budgets.settle(self.charge, 0, self.choice.tier)
+            self.budgets.settle(self.charge, 0, self.choice.tier)  # 0 costs 0 on any tier
         self.end()
 
     def end(self, usage: dict[str, Any] | None = None) -> None:
@@ -107,11 +110,12 @@ class Lease:
         if self.ticket is not None:
             self.ticket.release()
         total = usage.get("total_tokens") if usage else None
+        tier = self.answered_on or self.choice.tier
         if self.charge is not None and self.budgets is not None:
             used = total if isinstance(total, int) else None
-            self.budgets.settle(self.charge, used, self.choice.tier)
+            self.budgets.settle(self.charge, used, tier)
         if self.usage_counter is not None and isinstance(total, int) and self.caller.key:
-            self.usage_counter.labels(self.caller.owner, self.choice.tier.value).inc(total)
+            self.usage_counter.labels(self.caller.owner, tier.value).inc(total)
         if self.decision is not None and self.decision.allowed:
             correction = int(total) - self.estimate if isinstance(total, int) else 0
             self.limiter.settle(self.caller.name, correction, self.request_id, self.decision.shared)

@@ -172,6 +172,7 @@ class CompletionsProxy:
                 lease.refuse()
             self._metrics.client_disconnects.labels("none").inc()
             return Response(status_code=499), lease
+        lease.answered_on = opened.tier
         headers.update(
             {
                 "x-tiergate-tier": opened.tier,
