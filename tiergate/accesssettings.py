@@ -8,6 +8,14 @@ from pydantic import Field, field_validator, model_validator
 from tiergate.sectionbase import Section as _Section
 from tiergate.tiers import Tier
 
+# The largest budgets: Redis keeps each budget's counter as a signed 64-bit integer (in
+# tokens, or micro-dollars), and a counter holds at most its limit plus one request's cost
+# (under 1e12 micro-dollars at the dearest price). A quadrillion tokens, or a billion
+# dollars, a day is no limit anyone means; larger ones would overflow and be refused by
+# Redis at the first request, so settings refuse them at start instead.
+MAX_TOKENS_BUDGET = 10**15
+MAX_SPEND_BUDGET = 1e9
+
 
 class KeyLimits(_Section):
     """A key's limits; ``None`` means unlimited."""
@@ -23,20 +31,20 @@ class KeyLimits(_Section):
     # Spend budgets: prompt plus completion tokens per UTC day and month, on every route
     # and on the key's jobs' and batches' model calls (429 insufficient_quota when spent;
     # tiergate.gateway.access.budgets).
-    tokens_per_day: int | None = Field(None, ge=1)
-    tokens_per_month: int | None = Field(None, ge=1)
+    tokens_per_day: int | None = Field(None, ge=1, le=MAX_TOKENS_BUDGET)
+    tokens_per_month: int | None = Field(None, ge=1, le=MAX_TOKENS_BUDGET)
     # The same in US dollars, each tier's tokens at its ``auth.prices``.
-    spend_per_day: float | None = Field(None, gt=0)
-    spend_per_month: float | None = Field(None, gt=0)
+    spend_per_day: float | None = Field(None, gt=0, le=MAX_SPEND_BUDGET)
+    spend_per_month: float | None = Field(None, gt=0, le=MAX_SPEND_BUDGET)
 
 
 class TeamBudget(_Section):
     """A team's spend budget: every key with this ``owner`` together."""
 
-    tokens_per_day: int | None = Field(None, ge=1)
-    tokens_per_month: int | None = Field(None, ge=1)
-    spend_per_day: float | None = Field(None, gt=0)
-    spend_per_month: float | None = Field(None, gt=0)
+    tokens_per_day: int | None = Field(None, ge=1, le=MAX_TOKENS_BUDGET)
+    tokens_per_month: int | None = Field(None, ge=1, le=MAX_TOKENS_BUDGET)
+    spend_per_day: float | None = Field(None, gt=0, le=MAX_SPEND_BUDGET)
+    spend_per_month: float | None = Field(None, gt=0, le=MAX_SPEND_BUDGET)
 
 
 def _spends(budget: KeyLimits | TeamBudget) -> bool:

@@ -115,6 +115,18 @@ def test_a_spend_budget_needs_a_price_for_every_tier(tmp_path: Path) -> None:
     assert priced.authenticate(f"Bearer {spender_key}").name == "a"
 
 
+def test_a_budget_redis_cannot_count_is_refused_at_start() -> None:
+    # Redis counts a budget as a signed 64-bit integer of tokens or micro-dollars: 1e13
+    # dollars is 1e19 micro-dollars, past 2**63, and would fail every request of the key
+    # at its first charge. Refused at start, like any other bad setting.
+    for limits in ({"spend_per_day": 1e13}, {"tokens_per_month": 10**19}):
+        with pytest.raises(ValidationError, match="less than or equal"):
+            _key(limits)
+        with pytest.raises(ValidationError, match="less than or equal"):
+            TeamBudget(**limits)
+    assert _key({"spend_per_month": 1e9, "tokens_per_day": 10**15}) is not None
+
+
 def test_the_manuals_prices_example_is_valid_settings() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "access.md").read_text()
     blocks = re.findall(r"^```yaml\n(.*?)^```$", text, re.S | re.M)
