@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.batchapi import LineRules, check_input
+from tiergate.gateway.jobs.batchinput import LineRules, check_input
 from tiergate.gateway.jobs.files import check_lines
 from tiergate.jobs.lines.runner import _lines_of
 from tiergate.jobs.lines.store import LineBatchStore

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tiergate.gateway.jobs.batchapi import LineRules, _from_plan, check_input, upload_plan
+from tiergate.gateway.jobs.batchinput import LineRules, check_input, from_plan, upload_plan
 
 RULES = LineRules("/v1/chat/completions", 4, 4.0, max_output=1000, max_line_bytes=4096)
 
@@ -42,7 +42,7 @@ def test_the_plan_made_at_upload_is_what_the_create_would_read(tmp_path: Path) -
     assert stored is not None
     stored = json.loads(json.dumps(stored))  # as it comes back from the store
     read = check_input(path, RULES)
-    planned = _from_plan(stored, RULES)
+    planned = from_plan(stored, RULES)
     assert planned is not None and not read.errors
     assert planned.plan == read.plan and len(read.plan) == 3  # 4 + 4 + 3 lines
     assert (planned.lines, planned.tokens, planned.model) == (read.lines, read.tokens, "m")
@@ -52,19 +52,19 @@ def test_the_plan_made_at_upload_is_what_the_create_would_read(tmp_path: Path) -
 def test_a_plan_is_used_only_where_it_holds(tmp_path: Path) -> None:
     stored = upload_plan(_file(tmp_path, [_line(i) for i in range(5)]), RULES)
     assert stored is not None
-    assert _from_plan(stored, RULES) is not None
-    assert _from_plan(None, RULES) is None
+    assert from_plan(stored, RULES) is not None
+    assert from_plan(None, RULES) is None
     # Another endpoint at the create: the create reads the file and names each line.
-    assert _from_plan(stored, replace(RULES, endpoint="/v1/completions")) is None
+    assert from_plan(stored, replace(RULES, endpoint="/v1/completions")) is None
     # Settings changed since the upload.
-    assert _from_plan(stored, replace(RULES, chunk_lines=8)) is None
-    assert _from_plan(stored, replace(RULES, max_output=2000)) is None
-    assert _from_plan(stored, replace(RULES, chars_per_token=3.0)) is None
-    assert _from_plan({**stored, "version": 0}, RULES) is None
+    assert from_plan(stored, replace(RULES, chunk_lines=8)) is None
+    assert from_plan(stored, replace(RULES, max_output=2000)) is None
+    assert from_plan(stored, replace(RULES, chars_per_token=3.0)) is None
+    assert from_plan({**stored, "version": 0}, RULES) is None
     # A key whose minute could not admit the longest prompt: read, and refused by line.
     longest = stored["max_prompt"]
-    assert _from_plan(stored, replace(RULES, tokens_per_minute=longest - 1)) is None
-    assert _from_plan(stored, replace(RULES, tokens_per_minute=longest)) is not None
+    assert from_plan(stored, replace(RULES, tokens_per_minute=longest - 1)) is None
+    assert from_plan(stored, replace(RULES, tokens_per_minute=longest)) is not None
 
 
 def test_no_plan_is_stored_for_a_file_a_create_would_refuse(tmp_path: Path) -> None:
