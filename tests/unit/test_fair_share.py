@@ -89,6 +89,60 @@ async def test_a_tenant_with_next_to_nothing_in_flight_is_let_in_beside_a_flood(
     assert not solo.try_enter("", may_exceed=True)
 
 
+async def test_a_quiet_tenants_slot_waits_for_its_next_request_not_the_floods() -> None:
+    """A tenant sending one request after another: the slot its request leaves is not
+    handed to a flood's waiter at the moment its next request comes (which made every one
+    of its requests meet a new flood request's prefill: 2.4x its time to first token)."""
+    linger = 0.2
+    gate = Gate(2, 64, reserve=0, linger=linger)
+    assert gate.try_enter("a") and gate.try_enter("b")
+    flood = [asyncio.create_task(gate.enter(0, 30, "a")) for _ in range(3)]
+    await _settle()
+    gate.leave("b")  # b's request ends while a's wait
+    await _settle()
+    assert not any(t.done() for t in flood), "the quiet tenant's slot went to the flood"
+    assert gate.active == 2 and gate.try_enter("b"), "b's next request found its slot gone"
+    assert gate.active == 2 and gate.queued == 3
+    # Not followed by another: handed over once the linger is up, not lost.
+    gate.leave("b")
+    started = asyncio.get_running_loop().time()
+    while not any(t.done() for t in flood):
+        assert asyncio.get_running_loop().time() - started < 5, "the kept slot was lost"
+        await asyncio.sleep(0.01)
+    assert asyncio.get_running_loop().time() - started >= linger * 0.9
+    assert sum(t.done() for t in flood) == 1 and gate.active == 2 and gate.queued == 2
+    # A tenant holding more than one, or with a backlog, is not quiet: passed on at once.
+    assert not gate.try_enter("b")
+    gate.leave("a")  # a holds two; its slot goes to its own next waiter
+    await _settle()
+    assert sum(t.done() for t in flood) == 2
+    for task in flood:
+        task.cancel()
+    await _settle()
+    # Nobody waiting: the slot is simply free (nothing kept, nothing idle).
+    idle = Gate(1, 64, linger=linger)
+    assert idle.try_enter("b")
+    idle.leave("b")
+    assert idle.active == 0 and idle.try_enter("c")
+    # Over a lowered capacity the gate shrinks instead; without keys nothing is kept.
+    cut = Gate(2, 64, linger=linger)
+    assert cut.try_enter("a") and cut.try_enter("b")
+    waiting = asyncio.create_task(cut.enter(0, 30, "a"))
+    await _settle()
+    cut.resize(1)
+    cut.leave("b")
+    assert cut.active == 1 and not cut.try_enter("b")
+    solo = Gate(1, 64, linger=linger)
+    assert solo.try_enter("")
+    queued = asyncio.create_task(solo.enter(0, 30, ""))
+    await _settle()
+    solo.leave("")
+    await _settle()
+    assert queued.done()
+    waiting.cancel()
+    await _settle()
+
+
 async def test_priority_bands_stay_strict_over_fair_shares() -> None:
     clock = Clock()
     served = ServedTokens(FairShareSettings(), "t", clock)
@@ -169,3 +223,36 @@ async def test_two_saturating_tenants_share_tokens_by_weight_whatever_their_size
     tally = await _simulate({"a": (16, 200, 2.0), "b": (16, 200, 1.0)}, 6, 120)
     share = tally["a"] / (tally["a"] + tally["b"])
     assert share == pytest.approx(2 / 3, rel=0.1), tally
+
+
+def test_flow_control_judges_the_engines_first_token_not_its_own_queue() -> None:
+    """The time a request waited for the tier's slot is the gateway's own queue, which flow
+    control makes: counted in the time to first token it judges, a queue it held read as a
+    slower engine and cut the limit again, down to its floor."""
+    from tiergate.accesssettings import LimitSettings
+    from tiergate.gateway.access.auth import Caller
+    from tiergate.gateway.access.gate import Ticket
+    from tiergate.gateway.access.gatekeeper import Lease
+    from tiergate.gateway.access.limits import Limiter
+    from tiergate.gateway.access.policy import Reason, TierChoice
+    from tiergate.tiers import Tier
+
+    heard: list[tuple[float, float]] = []
+
+    class Controller:
+        def observe(
+            self, tpot: float, ttft: float, prompt: int, at_start: int, owner: str = ""
+        ) -> None:
+            heard.append((tpot, ttft))
+
+    lease = Lease(
+        Caller("k", None),
+        Limiter(LimitSettings()),
+        "req",
+        10,
+        TierChoice(Tier.STANDARD, Reason.REQUESTED),
+        ticket=Ticket([], waited_seconds=2.0),
+    )
+    lease.flow = Controller()  # type: ignore[assignment]
+    lease.observe_answer(Tier.STANDARD, 0.02, 2.05)
+    assert heard == [(0.02, pytest.approx(0.05))]

@@ -55,6 +55,7 @@ class Admission:
                 cfg.max_queue,
                 served=self.served[tier].served,
                 reserve=settings.flow.reserve,
+                linger=settings.flow.linger_seconds,
             )
             for tier, cfg in _each(settings)
         }
@@ -229,7 +230,7 @@ def _flow_settings(flow: FlowAdmission, tier: TierAdmission) -> PatientAdmission
         min_concurrent=min(flow.min_concurrent, tier.max_concurrent),
         max_queue=tier.max_queue,
         target_slowdown=flow.target_slowdown,
-        judge_ttft=False,
+        judge_ttft=flow.judge_ttft,
         adjust_seconds=flow.adjust_seconds,
         quiet_seconds=flow.quiet_seconds,
         reference_samples=flow.reference_samples,

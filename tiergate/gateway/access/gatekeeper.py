@@ -84,6 +84,11 @@ class Lease:
         token."""
         if tier is not self.choice.tier:
             return
+        # The time to first token the engines gave: not the wait for this gateway's own
+        # slot, which flow control makes (counted, a queue it held would read as a slower
+        # engine and cut the limit again: with TTFT judged the tier sat at its floor).
+        waited = self.ticket.waited_seconds if self.ticket is not None else 0.0
+        ttft = max(0.0, ttft - waited)
         owner = self.caller.owner
         if self.lane is not None:
             self.lane.observe(tpot, ttft, self.estimate, self.lane_at_start, owner)
