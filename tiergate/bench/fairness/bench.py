@@ -14,13 +14,13 @@ the same engine:
 
 B's medians of time to first token and per output token are compared with B alone in the
 same gateway. Every half second the gateway's tier limit and the engine's running and
-waiting requests are sampled for the report's figure.
+waiting requests are sampled for the report's figure. The gateway and each flood run in a
+process of their own (tiergate.bench.fairness.procs), apart from B's client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import sys
 import time
@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tiergate.bench.urgency.gateway import UrgencyBenchError, gateway_in_thread
+from tiergate.bench.fairness.procs import Flood, Gauges, gateway_in_process
+from tiergate.bench.urgency.gateway import UrgencyBenchError
 from tiergate.gateway.access.auth import new_key
 from tiergate.measure.ports import free_ports
 from tiergate.measure.stream import Sample, chat_body, timed
@@ -42,6 +43,10 @@ CHAT = "/v1/chat/completions"
 PATIENT = 600.0
 # How long B waits, at most, for the gateway to meet A's flood before it is measured.
 SETTLE_SECONDS = 60.0
+STEADY_SECONDS = 5.0
+# How often the figure's gauges are read (tiergate.bench.fairness.procs.Gauges): vLLM's
+# /metrics costs its API server the CPU that B's requests wait for, so not too often.
+GAUGE_SECONDS = 1.0
 
 
 def _say(message: str) -> None:
@@ -104,7 +109,7 @@ def gateway_settings(
     admission: dict[str, Any] = {"queue_timeout_seconds": PATIENT}
     if not fair:
         admission |= {
-            "flow": {"adaptive": False, "reserve": 0},
+            "flow": {"adaptive": False, "reserve": 0, "linger_seconds": 0},
             "fair_share": {"enabled": False},
         }
     tree: dict[str, Any] = {
@@ -135,7 +140,7 @@ def gateway_settings(
     return load_settings(**tree), {"a": key_a, "b": key_b}
 
 
-async def _gauges(base: str, engine: str) -> tuple[float, float, float]:
+async def read_gauges(base: str, engine: str) -> tuple[float, float, float]:
     """The gateway's standard tier limit, and the engine's running and waiting requests."""
     async with httpx.AsyncClient(timeout=5) as client:
         gateway = (await client.get(f"{base}/metrics")).text
@@ -156,7 +161,7 @@ def _metric(text: str, name: str, labels: dict[str, str]) -> float:
 
 
 class _Run:
-    """One gateway's phases: the clients of both tenants and the gauge sampler."""
+    """One gateway's phases: B's client, and the floods and gauges in processes of their own."""
 
     def __init__(self, params: FairnessParams, base: str, keys: dict[str, str]) -> None:
         self.params = params
@@ -203,26 +208,14 @@ class _Run:
 
             await asyncio.gather(*(loop(n) for n in range(self.params.flood)))
 
-    async def sample(self, phase: Phase, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                limit, running, waiting = await _gauges(self.base, self.params.engine)
-                phase.gauges.append((time.perf_counter() - self.t0, limit, running, waiting))
-            except httpx.HTTPError:
-                pass
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
-
     async def alone(self) -> Phase:
         phase = Phase("B alone")
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(self.sample(phase, stop))
+        gauges = Gauges(self.base, self.params.engine, self.t0, GAUGE_SECONDS)
         await self.one_at_a_time("b", 2, [])  # warm-up, and the flow reference
         start = time.perf_counter()
         await self.one_at_a_time("b", self.params.samples, phase.b)
         phase.window = (start, time.perf_counter())
-        stop.set()
-        await sampler
+        phase.gauges = await gauges.stop()
         return phase
 
     async def _settled(self) -> bool:
@@ -236,32 +229,38 @@ class _Run:
 
     async def beside_flood(self, fair: bool) -> Phase:
         phase = Phase("B while A floods")
-        stop, started = asyncio.Event(), asyncio.Event()
-        sampler = asyncio.create_task(self.sample(phase, stop))
-        flooding = asyncio.create_task(self.flood("a", phase.a, stop, started))
-        await asyncio.wait_for(started.wait(), PATIENT)
+        gauges = Gauges(self.base, self.params.engine, self.t0, GAUGE_SECONDS)
+        flood = Flood(self.params, self.base, self.keys, "a")
+        await flood.started(PATIENT)
         # B is measured once the gateway has met the flood (a steady flood, not its first
         # seconds): the tier's limit has come down to what the engine takes.
+        # Settled: held under the limit, itself under the flood, for STEADY_SECONDS on end
+        # (flow control's first cuts take a few seconds to drain: measured from the first
+        # one, B's first requests met a flood still above what the engine takes).
         settle = time.perf_counter()
         await asyncio.sleep(2.0)
-        while fair and not await self._settled() and time.perf_counter() - settle < SETTLE_SECONDS:  # noqa: ASYNC110 (a gauge polled over HTTP)
+        steady_since: float | None = None
+        while fair and time.perf_counter() - settle < SETTLE_SECONDS:
+            now = time.perf_counter()
+            if not await self._settled():
+                steady_since = None
+            elif steady_since is None:
+                steady_since = now
+            elif now - steady_since >= STEADY_SECONDS:
+                break
             await asyncio.sleep(0.5)
         phase.settle_seconds = time.perf_counter() - settle
         start = time.perf_counter()
         await self.one_at_a_time("b", self.params.samples, phase.b)
         phase.window = (start, time.perf_counter())
-        stop.set()
-        await asyncio.gather(flooding, sampler)
+        phase.a = await flood.stop()
+        phase.gauges = await gauges.stop()
         return phase
 
     async def both_saturate(self, progress: Callable[[str], None]) -> tuple[Phase, dict[str, Any]]:
         phase = Phase("both flood")
-        stop, started_a, started_b = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        sampler = asyncio.create_task(self.sample(phase, stop))
-        floods = [
-            asyncio.create_task(self.flood("a", phase.a, stop, started_a)),
-            asyncio.create_task(self.flood("b", phase.b, stop, started_b)),
-        ]
+        gauges = Gauges(self.base, self.params.engine, self.t0, GAUGE_SECONDS)
+        floods = [Flood(self.params, self.base, self.keys, tenant) for tenant in ("a", "b")]
         await asyncio.sleep(5.0)  # past the first requests of both
         window_start = time.perf_counter()
         seconds = self.params.share_seconds
@@ -271,8 +270,8 @@ class _Run:
             await asyncio.sleep(min(10.0, max(0.0, left)))
         window_end = time.perf_counter()
         phase.window = (window_start, window_end)
-        stop.set()
-        await asyncio.gather(*floods, sampler)
+        phase.a, phase.b = [await flood.stop() for flood in floods]
+        phase.gauges = await gauges.stop()
         return phase, _shares(phase, window_start, window_end, self.params)
 
 
@@ -307,7 +306,7 @@ def _shares(phase: Phase, start: float, end: float, params: FairnessParams) -> d
 async def _one_gateway(params: FairnessParams, fair: bool) -> dict[str, Any]:
     label = "fair" if fair else "first come, first served"
     settings, keys = gateway_settings(params, fair, free_ports(1)[0])
-    with gateway_in_thread(settings) as base:
+    with gateway_in_process(settings, keys["b"]) as base:
         run = _Run(params, base, keys)
         _say(f"{label}: B alone, {params.samples} requests")
         alone = await run.alone()
@@ -319,7 +318,7 @@ async def _one_gateway(params: FairnessParams, fair: bool) -> dict[str, Any]:
         # A gateway of its own: the shares start from no history (the flood before would
         # put B first for a window while it caught up with A's count).
         settings, keys = gateway_settings(params, fair, free_ports(1)[0])
-        with gateway_in_thread(settings) as base:
+        with gateway_in_process(settings, keys["b"]) as base:
             run = _Run(params, base, keys)
             await run.one_at_a_time("b", 3, [])  # flow control's reference, as in the others
             both, shares = await run.both_saturate(lambda m: _say(f"{label}: {m}"))
