@@ -153,7 +153,7 @@ class Admission:
         if long_prompt and tier in self.long:
             lanes.append((self.long[tier], "long-context lane"))
         interactive = not (flex or patient)
-        if not lanes and gate.try_enter(owner, may_exceed=interactive):
+        if not lanes and gate.try_enter(owner, may_exceed=interactive, priority=priority):
             return Ticket([gate], 0.0, owner)  # a free slot it may hold: nothing to wait for
         if wait_seconds is None:
             wait_seconds = self._wait_of(flex, patient)

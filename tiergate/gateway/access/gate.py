@@ -68,6 +68,9 @@ class Gate:
         # Slots kept for a quiet owner's next request (counted in ``active``), with the
         # timer that hands each over when it is not taken.
         self._kept: dict[str, asyncio.TimerHandle] = {}
+        # The priority each owner holding a slot entered at last: a slot is not kept for
+        # an owner while a waiter of a higher band waits (bands stay strict).
+        self._band: dict[str, int] = {}
         self.active = 0
         self.queued = 0
         self._served = served
@@ -87,16 +90,17 @@ class Gate:
         waiting = {owner for owners in self._waiting.values() for owner in owners}
         return waiting | set(self._held)
 
-    def try_enter(self, owner: str = "", may_exceed: bool = False) -> bool:
+    def try_enter(self, owner: str = "", may_exceed: bool = False, priority: int = 0) -> bool:
         kept = self._kept.pop(owner, None)
         if kept is not None:  # the slot its last request left, kept for it (``linger``)
             kept.cancel()
             self._held[owner] = self._held.get(owner, 0) + 1
+            self._band[owner] = priority
             return True
         # A free slot means no waiter could take it (every leave and resize hands a free
         # slot to a waiter), so none is passed by.
         if self.active < self.capacity:
-            self._take(owner)
+            self._take(owner, priority)
             return True
         if (
             may_exceed
@@ -106,20 +110,21 @@ class Gate:
             and not any(owner in owners for owners in self._waiting.values())
         ):
             self._extra[owner] = self._extra.get(owner, 0) + 1
-            self._take(owner)
+            self._take(owner, priority)
             return True
         return False
 
-    def _take(self, owner: str) -> None:
+    def _take(self, owner: str, priority: int) -> None:
         self.active += 1
         self._held[owner] = self._held.get(owner, 0) + 1
+        self._band[owner] = priority
 
     async def enter(
         self, priority: int, wait_seconds: float, owner: str = "", may_exceed: bool = False
     ) -> None:
         """Wait for a slot; raises ``LookupError`` when the queue is full and
         ``TimeoutError`` when the wait is too long."""
-        if self.try_enter(owner, may_exceed):
+        if self.try_enter(owner, may_exceed, priority):
             return
         if self.queued >= self.max_queue:
             raise LookupError("queue full")
@@ -141,7 +146,8 @@ class Gate:
     def leave(self, owner: str = "") -> None:
         _decrement(self._held, owner)
         _decrement(self._extra, owner)
-        if self.active <= self.capacity and self._keep(owner):
+        band = self._band.get(owner, 0) if owner in self._held else self._band.pop(owner, 0)
+        if self.active <= self.capacity and self._keep(owner, band):
             return
         self._pass_on()
 
@@ -152,14 +158,16 @@ class Gate:
             return
         self.active -= 1
 
-    def _keep(self, owner: str) -> bool:
-        """Keep the slot ``owner`` just left for its next request (the module's
-        ``linger``): a named owner now holding none, with no waiters of its own, while
-        others wait for a slot."""
+    def _keep(self, owner: str, band: int) -> bool:
+        """Keep the slot ``owner`` just left (at priority ``band``) for its next request
+        (the module's ``linger``): a named owner now holding none, with no waiters of its
+        own, while others of its band or below wait for a slot (a higher band's waiter
+        gets it at once)."""
         if (
             self.linger <= 0
             or not owner
             or not self._waiting
+            or max(self._waiting) > band
             or owner in self._held
             or owner in self._kept
             or any(owner in owners for owners in self._waiting.values())
@@ -204,6 +212,7 @@ class Gate:
                     del self._waiting[priority]
             self.queued -= 1
             self._held[chosen] = self._held.get(chosen, 0) + 1
+            self._band[chosen] = priority
             waiter.future.set_result(None)  # the slot passes straight to the waiter
             return True
         return False
