@@ -30,7 +30,7 @@ from tests.fakes.fake_vllm import MODEL, FakeVllm
 from tests.jobstack import jobs_stack, jobs_tree
 from tests.servers import free_port
 from tests.waiting import eventually
-from tiergate.gateway.jobs.batchapi import BatchAPI
+from tiergate.gateway.jobs.openaibatch.api import BatchAPI
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.jobs.state.store import JobStore
 from tiergate.local.jobs import start_worker

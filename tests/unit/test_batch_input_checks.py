@@ -1,4 +1,4 @@
-"""What a batch's create checks in its input file (tiergate.gateway.jobs.batchapi) and how
+"""What a batch's create checks in its input file (tiergate.gateway.jobs.openaibatch.api) and how
 the worker cuts the same file into lines (tiergate.jobs.lines.runner): attacker's tests for
 the issue-50 findings that need no servers. Each failed on the code before its fix."""
 
@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.batchinput import LineRules, check_input
 from tiergate.gateway.jobs.files import check_lines
+from tiergate.gateway.jobs.openaibatch.inputfile import LineRules, check_input
 from tiergate.jobs.lines.runner import _lines_of
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.protocol.openaibatch import OpenAIBatchCreate

@@ -10,7 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tiergate.gateway.jobs.batchinput import LineRules, check_input, from_plan, upload_plan
+from tiergate.gateway.jobs.openaibatch.inputfile import (
+    LineRules,
+    check_input,
+    from_plan,
+    upload_plan,
+)
 
 RULES = LineRules("/v1/chat/completions", 4, 4.0, max_output=1000, max_line_bytes=4096)
 

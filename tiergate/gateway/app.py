@@ -29,8 +29,8 @@ from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.access.limits import Limiter
 from tiergate.gateway.access.models import ServedModels
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.batchroutes import add_batch_components, register_batch_routes
 from tiergate.gateway.jobs.fileroutes import register_file_routes
+from tiergate.gateway.jobs.openaibatch.routes import add_batch_components, register_batch_routes
 from tiergate.gateway.jobs.routes import add_job_components, register_job_routes
 from tiergate.gateway.logs import AccessLog
 from tiergate.gateway.metrics import GatewayMetrics

@@ -25,9 +25,9 @@ from tiergate.tiers import Tier
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
     from tiergate.gateway.jobs.api import JobsAPI
-    from tiergate.gateway.jobs.batchapi import BatchAPI
     from tiergate.gateway.jobs.batches import BatchesAPI
     from tiergate.gateway.jobs.files import FilesAPI
+    from tiergate.gateway.jobs.openaibatch.api import BatchAPI
 
 
 @dataclass(slots=True)

@@ -156,7 +156,7 @@ class FilesAPI:
     ) -> None:
         """``check``: runs a file's check on the checks' own threads
         (tiergate.gateway.jobs.threads); ``planner``: a batch input's check, made once at
-        upload and stored with it for the create (tiergate.gateway.jobs.batchapi)."""
+        upload and stored with it for the create (tiergate.gateway.jobs.openaibatch.api)."""
         self._jobs = jobs
         self._check = check
         self._planner = planner

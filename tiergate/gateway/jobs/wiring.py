@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.jobs.api import JobsAPI
-from tiergate.gateway.jobs.batchapi import BatchAPI
 from tiergate.gateway.jobs.batches import BatchesAPI
-from tiergate.gateway.jobs.batchinput import upload_plan
 from tiergate.gateway.jobs.files import FilesAPI
+from tiergate.gateway.jobs.openaibatch.api import BatchAPI
+from tiergate.gateway.jobs.openaibatch.inputfile import upload_plan
 from tiergate.gateway.jobs.threads import JobThreads
 from tiergate.jobs.lines.store import LineBatchStore
 from tiergate.jobs.state.files import FileStore

@@ -5,7 +5,7 @@ ever under its own owner)::
                                         purpose, status), written after the content
     files/{owner}/{file_id}/content     the bytes, stored and read a part at a time
     files/{owner}/{file_id}/plan.json   a batch input's check, made once at upload
-                                        (tiergate.gateway.jobs.batchinput.upload_plan)
+                                        (tiergate.gateway.jobs.openaibatch.inputfile.upload_plan)
 
 A file exists once its ``meta.json`` does: a write that failed half-way leaves at most a
 content object no listing shows. File ids sort by creation time (milliseconds, then random

@@ -1,7 +1,7 @@
 """What a batch's input file holds, read once: each line checked as OpenAI's Batch API
 checks it (the errors it reports, each naming its line), the chunks' byte ranges, the
 enqueued-token estimate; and the plan an upload stores so that a create need not read the
-file again (issue 50 item 2). Used by :mod:`tiergate.gateway.jobs.batchapi`."""
+file again (issue 50 item 2). Used by :mod:`tiergate.gateway.jobs.openaibatch.api`."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from tiergate.gateway.access.auth import Caller
 from tiergate.gateway.access.gatekeeper import Gatekeeper
 from tiergate.gateway.errors import OpenAIError
-from tiergate.gateway.jobs.batchinput import Checked, LineRules, check_input, from_plan
+from tiergate.gateway.jobs.openaibatch.inputfile import Checked, LineRules, check_input, from_plan
 from tiergate.gateway.jobs.reserve import Reservations, Ticket
 from tiergate.gateway.jobs.uploads import Reads, SpoolSlots, Storage
 from tiergate.gateway.openai.selection import parse_body, read_body

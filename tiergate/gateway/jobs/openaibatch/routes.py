@@ -1,4 +1,4 @@
-"""OpenAI's ``/v1/batches`` routes (tiergate.gateway.jobs.batchapi); 404 ``jobs_disabled``
+"""OpenAI's ``/v1/batches`` routes (tiergate.gateway.jobs.openaibatch.api); 404 ``jobs_disabled``
 when jobs are off: batches run on the jobs pipeline."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tiergate.gateway.jobs.enabled import enabled
 from tiergate.protocol.openaibatch import OpenAIBatchCreate
 
 if TYPE_CHECKING:  # built only with jobs on (tiergate.gateway.jobs.wiring)
-    from tiergate.gateway.jobs.batchapi import BatchAPI
+    from tiergate.gateway.jobs.openaibatch.api import BatchAPI
 
 _CREATE: dict[str, Any] = OpenAIBatchCreate.model_json_schema(
     ref_template="#/components/schemas/{model}"
